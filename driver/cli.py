@@ -1,0 +1,312 @@
+"""The ``fractional`` command: discover | plugin | controller | plan | demo | apiserver.
+
+The only module that reads ``os.environ``, configures logging handlers and prints.
+Every flag has an environment twin ``FRACTIONAL_<FLAG>`` (e.g. ``FRACTIONAL_NODE_NAME``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from driver.config import (
+    ApiServerConfig,
+    ControllerConfig,
+    DemoConfig,
+    DiscoverConfig,
+    PlanConfig,
+    PluginConfig,
+    env_name,
+)
+from driver.errors import ConfigError, FractionalError
+
+__all__ = ["main"]
+
+log = logging.getLogger(__name__)
+
+_STANDARD_RECORD_KEYS = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
+
+
+class _JSONFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        entry.update({k: v for k, v in vars(record).items() if k not in _STANDARD_RECORD_KEYS})
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, default=str)
+
+
+class _TextFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        extra = {k: v for k, v in vars(record).items() if k not in _STANDARD_RECORD_KEYS}
+        if extra:
+            line += " " + " ".join(f"{k}={v}" for k, v in extra.items())
+        return line
+
+
+def _configure_logging(log_format: str, level: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if log_format == "json":
+        handler.setFormatter(_JSONFormatter())
+    else:
+        handler.setFormatter(_TextFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+
+
+def _env(flag: str, default: Any) -> Any:
+    return os.environ.get(env_name(flag), default)
+
+
+def _env_bool(flag: str, default: bool = False) -> bool:
+    raw = os.environ.get(env_name(flag))
+    if raw is None:
+        return default
+    return raw.strip().lower() in ("1", "true", "yes", "on")
+
+
+def _env_int(flag: str, default: int | None) -> int | None:
+    raw = os.environ.get(env_name(flag))
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(field=f"{flag} ({env_name(flag)})", problem=f"{raw!r} is not an integer") from None
+
+
+def _env_list(flag: str) -> list[str]:
+    raw = os.environ.get(env_name(flag), "")
+    return [part for part in raw.split(",") if part]
+
+
+def _add_common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--log-format", choices=("text", "json"), default=_env("--log-format", "text"))
+    parser.add_argument("--log-level", default=_env("--log-level", "info"))
+
+
+def _add_backend_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--backend", default=_env("--backend", "fake"), help="fake | nvml")
+    parser.add_argument("--profile", default=_env("--profile", None), help="fake node profile: file or shipped name")
+    parser.add_argument("--sysfs-root", default=_env("--sysfs-root", "/sys"))
+
+
+def _add_kubeconfig(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--kubeconfig", default=_env("--kubeconfig", None))
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fractional", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("discover", help="print the node's inventory (or the ResourceSlices it would publish)")
+    _add_backend_flags(p)
+    p.add_argument("--node-name", default=_env("--node-name", "node-1"))
+    p.add_argument("-o", "--output", default=_env("--output", "table"), help="table | yaml | json")
+    _add_common(p)
+
+    p = sub.add_parser("plugin", help="run the node agent (kubelet plugin + slice publisher)")
+    _add_backend_flags(p)
+    _add_kubeconfig(p)
+    p.add_argument("--node-name", default=_env("--node-name", None))
+    p.add_argument("--registry-dir", default=_env("--registry-dir", "/var/lib/kubelet/plugins_registry"))
+    p.add_argument("--plugin-dir", default=_env("--plugin-dir", "/var/lib/kubelet/plugins/fractional.dev"))
+    p.add_argument("--cdi-root", default=_env("--cdi-root", "/var/run/cdi"))
+    p.add_argument("--sharing", default=_env("--sharing", "none"), help="mps | hami | none")
+    p.add_argument("--metrics-port", type=int, default=_env_int("--metrics-port", 8080))
+    p.add_argument("--metrics-host", default=_env("--metrics-host", "0.0.0.0"))
+    p.add_argument("--pod-uid", default=_env("--pod-uid", None), help="enables rolling-update socket names")
+    p.add_argument("--socket-group", type=int, default=_env_int("--socket-group", None))
+    p.add_argument("--hami-library", default=_env("--hami-library", None))
+    p.add_argument("--mps-control", default=_env("--mps-control", "nvidia-cuda-mps-control"))
+    p.add_argument("--health-file", default=_env("--health-file", None))
+    p.add_argument("--max-workers", type=int, default=_env_int("--max-workers", 16))
+    _add_common(p)
+
+    p = sub.add_parser("controller", help="run the allocation controller")
+    _add_kubeconfig(p)
+    p.add_argument("--policy", default=_env("--policy", "best-fit"), help="best-fit | first-fit")
+    p.add_argument("--leader-elect", action="store_true", default=_env_bool("--leader-elect"))
+    p.add_argument("--lease-name", default=_env("--lease-name", "fractional-dra-controller"))
+    p.add_argument("--lease-namespace", default=_env("--lease-namespace", "default"))
+    p.add_argument("--identity", default=_env("--identity", os.environ.get("HOSTNAME", "")))
+    p.add_argument("--metrics-port", type=int, default=_env_int("--metrics-port", 8081))
+    p.add_argument("--metrics-host", default=_env("--metrics-host", "0.0.0.0"))
+    p.add_argument(
+        "--provisioning-requests", action="store_true", default=_env_bool("--provisioning-requests")
+    )
+    p.add_argument(
+        "--provisioning-class",
+        default=_env("--provisioning-class", "best-effort-atomic-scale-up.autoscaling.x-k8s.io"),
+    )
+    p.add_argument("--hint-profile", action="append", default=_env_list("--hint-profile"))
+    p.add_argument("--topology-label", default=_env("--topology-label", "topology.kubernetes.io/zone"))
+    _add_common(p)
+
+    p = sub.add_parser("plan", help="how many nodes of a profile a set of claims/gangs needs")
+    p.add_argument("--profile", default=_env("--profile", None), required=env_name("--profile") not in os.environ)
+    p.add_argument("--claims", default=_env("--claims", None), required=env_name("--claims") not in os.environ)
+    p.add_argument("--policy", default=_env("--policy", "best-fit"))
+    p.add_argument("-o", "--output", default=_env("--output", "table"))
+    _add_common(p)
+
+    p = sub.add_parser("apiserver", help="run the embedded API emulator on 127.0.0.1 (a test double)")
+    p.add_argument("--port", type=int, default=_env_int("--port", 0))
+    p.add_argument("--write-kubeconfig", default=_env("--write-kubeconfig", None))
+    _add_common(p)
+
+    p = sub.add_parser("demo", help="the whole system on one machine: no cluster, no GPU")
+    p.add_argument("--scenario", default=_env("--scenario", "full"), help="full | small")
+    p.add_argument("--keep-running", action="store_true", default=_env_bool("--keep-running"))
+    p.add_argument("--output-dir", default=_env("--output-dir", "demo-output"))
+    _add_common(p)
+    return parser
+
+
+def _stop_event_on_signals() -> threading.Event:
+    stop = threading.Event()
+
+    def _handler(signum: int, _frame: object) -> None:
+        log.info("signal received, stopping", extra={"signal": signal.Signals(signum).name})
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _handler)
+    signal.signal(signal.SIGINT, _handler)
+    return stop
+
+
+def _run_discover(args: argparse.Namespace) -> int:
+    from driver.inventory.discover import discover_inventory, render_inventory_table
+    from driver.slices import build_resource_slices, render_slices
+
+    config = DiscoverConfig(
+        backend=args.backend,
+        profile=args.profile,
+        sysfs_root=args.sysfs_root,
+        node_name=args.node_name,
+        output=args.output,
+    )
+    inventory = discover_inventory(
+        backend=config.backend, profile=config.profile, sysfs_root=config.sysfs_root, node_name=config.node_name
+    )
+    if config.output == "table":
+        print(render_inventory_table(inventory))
+    else:
+        print(render_slices(build_resource_slices(inventory), config.output))
+    return 0
+
+
+def _run_plugin(args: argparse.Namespace) -> int:
+    from driver.plugin.agent import run_agent
+
+    config = PluginConfig(
+        node_name=args.node_name or "",
+        backend=args.backend,
+        profile=args.profile,
+        sysfs_root=args.sysfs_root,
+        registry_dir=args.registry_dir,
+        plugin_dir=args.plugin_dir,
+        cdi_root=args.cdi_root,
+        sharing=args.sharing,
+        metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host,
+        kubeconfig=args.kubeconfig,
+        pod_uid=args.pod_uid or None,
+        socket_group=args.socket_group,
+        hami_library=args.hami_library,
+        mps_control=args.mps_control,
+        health_file=args.health_file,
+        max_workers=args.max_workers,
+    )
+    return run_agent(config, _stop_event_on_signals())
+
+
+def _run_controller(args: argparse.Namespace) -> int:
+    from driver.controller import run_controller
+
+    config = ControllerConfig(
+        kubeconfig=args.kubeconfig,
+        policy=args.policy,
+        leader_elect=args.leader_elect,
+        lease_name=args.lease_name,
+        lease_namespace=args.lease_namespace,
+        identity=args.identity,
+        metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host,
+        provisioning_requests=args.provisioning_requests,
+        provisioning_class=args.provisioning_class,
+        hint_profiles=tuple(args.hint_profile),
+        topology_label=args.topology_label,
+    )
+    return run_controller(config, _stop_event_on_signals())
+
+
+def _run_plan(args: argparse.Namespace) -> int:
+    from driver.controller.plan import run_plan
+
+    config = PlanConfig(profile=args.profile, claims=args.claims, policy=args.policy, output=args.output)
+    print(run_plan(config))
+    return 0
+
+
+def _run_apiserver(args: argparse.Namespace) -> int:
+    from driver.kube.emulator import APIServer
+
+    config = ApiServerConfig(port=args.port, write_kubeconfig=args.write_kubeconfig)
+    stop = _stop_event_on_signals()
+    server = APIServer(host=config.host, port=config.port)
+    server.start()
+    try:
+        print(f"embedded API serving on {server.url}", flush=True)
+        if config.write_kubeconfig:
+            server.write_kubeconfig(config.write_kubeconfig)
+            print(f"kubeconfig written to {config.write_kubeconfig}", flush=True)
+        stop.wait()
+    finally:
+        server.stop()
+    return 0
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    from driver.demo import run_demo
+
+    config = DemoConfig(scenario=args.scenario, keep_running=args.keep_running, output_dir=args.output_dir)
+    return run_demo(config, _stop_event_on_signals(), out=sys.stdout)
+
+
+_COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "discover": _run_discover,
+    "plugin": _run_plugin,
+    "controller": _run_controller,
+    "plan": _run_plan,
+    "apiserver": _run_apiserver,
+    "demo": _run_demo,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        parser = _build_parser()
+        args = parser.parse_args(argv)
+        _configure_logging(args.log_format, args.log_level)
+        return _COMMANDS[args.command](args)
+    except ConfigError as error:
+        print(f"fractional: configuration error: {error}", file=sys.stderr)
+        return 2
+    except FractionalError as error:
+        print(f"fractional: {error}", file=sys.stderr)
+        return 1

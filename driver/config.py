@@ -1,0 +1,151 @@
+"""One frozen configuration dataclass per command, built by ``cli.py`` and passed down.
+
+``__post_init__`` raises ``ConfigError`` naming the flag and its environment twin.
+Nothing below ``cli.py`` reads ``os.environ``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from driver.errors import ConfigError
+
+__all__ = [
+    "ApiServerConfig",
+    "ControllerConfig",
+    "DemoConfig",
+    "DiscoverConfig",
+    "PlanConfig",
+    "PluginConfig",
+    "env_name",
+]
+
+BACKENDS = ("fake", "nvml")
+SHARING_BACKENDS = ("mps", "hami", "none")
+POLICIES = ("best-fit", "first-fit")
+DEFAULT_IGNORED_XIDS = (13, 31, 43, 45, 68, 109)
+
+
+def env_name(flag: str) -> str:
+    """``--node-name`` -> ``FRACTIONAL_NODE_NAME``."""
+    return "FRACTIONAL_" + flag.lstrip("-").replace("-", "_").upper()
+
+
+def _check_choice(flag: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(
+            field=f"{flag} ({env_name(flag)})", problem=f"{value!r} is not one of {', '.join(choices)}"
+        )
+
+
+def _check_port(flag: str, value: int) -> None:
+    if not 0 <= value <= 65535:
+        raise ConfigError(field=f"{flag} ({env_name(flag)})", problem=f"{value} is outside 0..65535")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DiscoverConfig:
+    backend: str = "fake"
+    profile: str | None = None  # a file, or the name of a profile shipped in fake_devices/
+    sysfs_root: str = "/sys"
+    node_name: str = "node-1"
+    output: str = "table"
+
+    def __post_init__(self) -> None:
+        _check_choice("--backend", self.backend, BACKENDS)
+        _check_choice("--output", self.output, ("table", "yaml", "json"))
+        if self.backend == "fake" and not self.profile:
+            raise ConfigError(field="--profile (FRACTIONAL_PROFILE)", problem="required with --backend fake")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PluginConfig:
+    node_name: str
+    backend: str = "fake"
+    profile: str | None = None
+    sysfs_root: str = "/sys"
+    registry_dir: str = "/var/lib/kubelet/plugins_registry"
+    plugin_dir: str = "/var/lib/kubelet/plugins/fractional.dev"
+    cdi_root: str = "/var/run/cdi"
+    sharing: str = "none"
+    metrics_port: int = 8080  # /metrics, /healthz, /readyz; 0 = off
+    metrics_host: str = "0.0.0.0"
+    kubeconfig: str | None = None
+    pod_uid: str | None = None  # rolling updates: per-pod socket names and a file lock
+    socket_group: int | None = None  # sockets 0660 with this gid, else 0600
+    hami_library: str | None = None  # host path of libvgpu.so
+    mps_control: str = "nvidia-cuda-mps-control"
+    health_file: str | None = None  # fake backend: a JSON file the tests write
+    ignored_xids: tuple[int, ...] = DEFAULT_IGNORED_XIDS
+    health_resend_seconds: float = 10.0
+    resync_seconds: float = 30.0
+    max_workers: int = 16
+    cdi_spec_check: bool = True  # real GPUs: warn when no nvidia.com/gpu CDI spec exists
+
+    def __post_init__(self) -> None:
+        if not self.node_name:
+            raise ConfigError(field="--node-name (FRACTIONAL_NODE_NAME)", problem="required")
+        _check_choice("--backend", self.backend, BACKENDS)
+        _check_choice("--sharing", self.sharing, SHARING_BACKENDS)
+        _check_port("--metrics-port", self.metrics_port)
+        if self.backend == "fake" and not self.profile:
+            raise ConfigError(field="--profile (FRACTIONAL_PROFILE)", problem="required with --backend fake")
+        if self.max_workers < 2:
+            raise ConfigError(field="--max-workers (FRACTIONAL_MAX_WORKERS)", problem="must be at least 2")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ControllerConfig:
+    kubeconfig: str | None = None
+    policy: str = "best-fit"
+    leader_elect: bool = False
+    lease_name: str = "fractional-dra-controller"
+    lease_namespace: str = "default"
+    identity: str = ""
+    lease_duration_seconds: float = 15.0
+    renew_deadline_seconds: float = 10.0
+    retry_period_seconds: float = 2.0
+    metrics_port: int = 8081
+    metrics_host: str = "0.0.0.0"
+    provisioning_requests: bool = False
+    provisioning_class: str = "best-effort-atomic-scale-up.autoscaling.x-k8s.io"
+    hint_profiles: tuple[str, ...] = ()  # profile files/names for scale-up hints; empty = all shipped
+    topology_label: str = "topology.kubernetes.io/zone"
+
+    def __post_init__(self) -> None:
+        _check_choice("--policy", self.policy, POLICIES)
+        _check_port("--metrics-port", self.metrics_port)
+        if self.leader_elect and not self.identity:
+            raise ConfigError(field="--identity (FRACTIONAL_IDENTITY)", problem="required with --leader-elect")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlanConfig:
+    profile: str
+    claims: str
+    policy: str = "best-fit"
+    output: str = "table"
+
+    def __post_init__(self) -> None:
+        _check_choice("--policy", self.policy, POLICIES)
+        _check_choice("--output", self.output, ("table", "yaml", "json"))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ApiServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 0
+    write_kubeconfig: str | None = None
+
+    def __post_init__(self) -> None:
+        _check_port("--port", self.port)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DemoConfig:
+    scenario: str = "full"  # "full" or "small" (tests)
+    keep_running: bool = False
+    output_dir: str = "demo-output"
+
+    def __post_init__(self) -> None:
+        _check_choice("--scenario", self.scenario, ("full", "small"))

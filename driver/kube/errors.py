@@ -1,0 +1,45 @@
+"""The one place that knows the client's exception types; re-raises ours ``from`` them."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+
+import urllib3.exceptions
+from kubernetes.client.exceptions import ApiException
+
+from driver.errors import ConflictError, FractionalError, NotFoundError, TransientError
+
+__all__ = ["api_errors", "translate_api_exception"]
+
+
+def _reason(error: ApiException) -> str:
+    try:
+        body = json.loads(error.body or "{}")
+        return str(body.get("message") or error.reason)
+    except (ValueError, TypeError):
+        return str(error.reason)
+
+
+def translate_api_exception(error: ApiException, what: str) -> FractionalError:
+    status = error.status or 0
+    message = f"{what}: HTTP {status}: {_reason(error)}"
+    if status == 404:
+        return NotFoundError(message)
+    if status == 409:
+        return ConflictError(message)
+    if status == 429 or status >= 500 or status == 0:
+        return TransientError(message)
+    return FractionalError(message)
+
+
+@contextlib.contextmanager
+def api_errors(what: str) -> Iterator[None]:
+    """``with api_errors("update ResourceSlice x"): ...`` turns client errors into ours."""
+    try:
+        yield
+    except ApiException as error:
+        raise translate_api_exception(error, what) from error
+    except (urllib3.exceptions.HTTPError, ConnectionError) as error:
+        raise TransientError(f"{what}: {error}") from error

@@ -1,0 +1,42 @@
+"""Shared fixtures: the embedded API emulator on 127.0.0.1:0, reached with the real client."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+if TYPE_CHECKING:
+    from kubernetes import client
+
+    from driver.kube.emulator import APIServer
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SHARED_REFERENCE = REPO_ROOT.parent / "shared" / "reference"
+
+
+@pytest.fixture
+def api_server() -> Iterator[APIServer]:
+    from driver.kube.emulator import APIServer
+
+    server = APIServer(host="127.0.0.1", port=0)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def kube_configuration(api_server: APIServer) -> client.Configuration:
+    """A client ``Configuration`` pointing at the emulator (never the global default)."""
+    return api_server.configuration()
+
+
+@pytest.fixture
+def kubeconfig_file(api_server: APIServer, tmp_path: Path) -> Path:
+    path = tmp_path / "kubeconfig"
+    api_server.write_kubeconfig(str(path))
+    return path
