@@ -44,7 +44,8 @@ def render_table(rows: list[dict[str, Any]]) -> str:
 def render_report(documents: list[dict[str, Any]], failures: dict[str, str]) -> str:
     parts = [
         "# Benchmarks\n",
-        "Written by `make bench` (bench/run_all.py) from `bench/results/*.json`. Every number below comes from",
+        "Written by `make bench` (bench/run_all.py) from `bench/results/*.json`.",
+        "Every number below comes from",
         "the run recorded with it (machine, date, commit, command). Medians with p99 and the inter-quartile",
         "range as spread; ratios compare against the baseline measured in the same run.\n",
     ]

@@ -1,0 +1,215 @@
+"""Stands in for what a real cluster does after our controller ungates a pod.
+
+kube-scheduler binds the pod to the node its claims were allocated on and reserves the claims
+for it; the kubelet then calls the node agent's NodePrepareResources over its socket. When the
+pod is deleted, the kubelet calls NodeUnprepareResources and the resourceclaim controller drops
+the reservation. The demo has no kube-scheduler and no kubelet, so this thread does those steps
+against the embedded API and the per-node kubelet simulators (real gRPC over unix sockets).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from kubernetes import client
+
+from driver.errors import ConflictError, NotFoundError
+from driver.kube import REQUEST_TIMEOUT_SECONDS, api_errors, new_api_client
+
+__all__ = ["BoundPod", "PodBinder"]
+
+log = logging.getLogger(__name__)
+
+CDI_ANNOTATION = "fractional.dev/demo-cdi-devices"
+
+
+class Kubelet(Protocol):
+    def prepare(self, claims: list[dict[str, str]]) -> dict[str, Any]: ...
+
+    def unprepare(self, claims: list[dict[str, str]]) -> dict[str, Any]: ...
+
+
+@dataclass
+class BoundPod:
+    name: str
+    uid: str
+    node: str
+    claims: list[dict[str, str]] = field(default_factory=list)  # {namespace, name, uid}
+    cdi_devices: list[str] = field(default_factory=list)
+    error: str | None = None
+
+
+def _allocation_node(allocation: dict[str, Any]) -> str | None:
+    for term in (allocation.get("nodeSelector") or {}).get("nodeSelectorTerms") or []:
+        for field_req in term.get("matchFields") or []:
+            if field_req.get("key") == "metadata.name" and field_req.get("values"):
+                return str(field_req["values"][0])
+    return None
+
+
+class PodBinder:
+    def __init__(
+        self, configuration: client.Configuration, namespace: str, kubelets: dict[str, Kubelet]
+    ) -> None:
+        self._configuration = configuration
+        self._namespace = namespace
+        self._kubelets = kubelets
+        self._lock = threading.Lock()
+        self._bound: dict[str, BoundPod] = {}
+        self._thread: threading.Thread | None = None
+
+    def bound(self) -> dict[str, BoundPod]:
+        with self._lock:
+            return dict(self._bound)
+
+    def start(self, stop: threading.Event) -> None:
+        self._thread = threading.Thread(target=self._run, args=(stop,), name="demo-binder", daemon=True)
+        self._thread.start()
+
+    def join(self, timeout: float = 5.0) -> None:
+        if self._thread:
+            self._thread.join(timeout)
+
+    def _run(self, stop: threading.Event) -> None:
+        api_client = new_api_client(self._configuration)
+        core = client.CoreV1Api(api_client)
+        resource = client.ResourceV1Api(api_client)
+        while not stop.wait(0.05):
+            try:
+                self.sync_once(core, resource)
+            except Exception:  # one commented catch-all per loop: log, back off, go on
+                log.exception("binder sync failed")
+                stop.wait(0.5)
+
+    def sync_once(self, core: client.CoreV1Api, resource: client.ResourceV1Api) -> None:
+        with api_errors(f"list pods in {self._namespace}"):
+            pods = core.list_namespaced_pod(self._namespace, _request_timeout=REQUEST_TIMEOUT_SECONDS)
+        present = {}
+        for pod in pods.items:
+            present[pod.metadata.name] = pod
+            if pod.spec.scheduling_gates or pod.spec.node_name or pod.metadata.deletion_timestamp:
+                continue
+            self._bind(core, resource, pod)
+        with self._lock:
+            gone = [
+                b
+                for name, b in self._bound.items()
+                if name not in present or present[name].metadata.uid != b.uid
+            ]
+        for bound in gone:
+            self._release(resource, bound)
+
+    def _bind(self, core: client.CoreV1Api, resource: client.ResourceV1Api, pod: Any) -> None:
+        namespace, name = pod.metadata.namespace, pod.metadata.name
+        claims = []
+        node = None
+        for ref in pod.spec.resource_claims or []:
+            if not ref.resource_claim_name:
+                return
+            with api_errors(f"get ResourceClaim {namespace}/{ref.resource_claim_name}"):
+                claim = resource.read_namespaced_resource_claim(
+                    ref.resource_claim_name, namespace, _request_timeout=REQUEST_TIMEOUT_SECONDS
+                )
+            raw = client.ApiClient().sanitize_for_serialization(claim)
+            allocation = (raw.get("status") or {}).get("allocation")
+            if not allocation:
+                return  # not ours to allocate (yet)
+            node = node or _allocation_node(allocation)
+            claims.append(raw)
+        if node is None or node not in self._kubelets:
+            return
+        refs = []
+        for raw in claims:
+            self._reserve(resource, raw, pod)
+            refs.append(
+                {"namespace": namespace, "name": raw["metadata"]["name"], "uid": raw["metadata"]["uid"]}
+            )
+        with api_errors(f"bind Pod {namespace}/{name}"):
+            core.patch_namespaced_pod(
+                name, namespace, {"spec": {"nodeName": node}}, _request_timeout=REQUEST_TIMEOUT_SECONDS
+            )
+        answer = self._kubelets[node].prepare(refs)
+        cdi_devices: list[str] = []
+        errors = []
+        for ref in refs:
+            result = answer.get(ref["uid"]) or {}
+            if result.get("error"):
+                errors.append(f"{ref['name']}: {result['error']}")
+            for device in result.get("devices", []):
+                cdi_devices.extend(device.get("cdi_device_ids", []))
+        bound = BoundPod(name, pod.metadata.uid, node, refs, cdi_devices, "; ".join(errors) or None)
+        phase = "Failed" if errors else "Running"
+        with api_errors(f"update status of Pod {namespace}/{name}"):
+            core.patch_namespaced_pod(
+                name,
+                namespace,
+                {"metadata": {"annotations": {CDI_ANNOTATION: ",".join(cdi_devices)}}},
+                _request_timeout=REQUEST_TIMEOUT_SECONDS,
+            )
+            core.patch_namespaced_pod_status(
+                name, namespace, {"status": {"phase": phase}}, _request_timeout=REQUEST_TIMEOUT_SECONDS
+            )
+        with self._lock:
+            self._bound[name] = bound
+        log.info("pod bound and prepared", extra={"pod": f"{namespace}/{name}", "node": node, "phase": phase})
+
+    def _reserve(self, resource: client.ResourceV1Api, raw: dict[str, Any], pod: Any) -> None:
+        entry = {"resource": "pods", "name": pod.metadata.name, "uid": pod.metadata.uid}
+        for _attempt in range(5):
+            status = raw.setdefault("status", {})
+            reserved = status.setdefault("reservedFor", [])
+            if any(r.get("uid") == entry["uid"] for r in reserved):
+                return
+            reserved.append(entry)
+            try:
+                with api_errors(f"reserve ResourceClaim {raw['metadata']['name']}"):
+                    resource.replace_namespaced_resource_claim_status(
+                        raw["metadata"]["name"],
+                        raw["metadata"]["namespace"],
+                        raw,
+                        _request_timeout=REQUEST_TIMEOUT_SECONDS,
+                    )
+                return
+            except ConflictError:
+                with api_errors(f"get ResourceClaim {raw['metadata']['name']}"):
+                    fresh = resource.read_namespaced_resource_claim(
+                        raw["metadata"]["name"],
+                        raw["metadata"]["namespace"],
+                        _request_timeout=REQUEST_TIMEOUT_SECONDS,
+                    )
+                raw.clear()
+                raw.update(client.ApiClient().sanitize_for_serialization(fresh))
+
+    def _release(self, resource: client.ResourceV1Api, bound: BoundPod) -> None:
+        self._kubelets[bound.node].unprepare(bound.claims)
+        for ref in bound.claims:
+            for _attempt in range(5):
+                try:
+                    with api_errors(f"get ResourceClaim {ref['name']}"):
+                        claim = resource.read_namespaced_resource_claim(
+                            ref["name"], ref["namespace"], _request_timeout=REQUEST_TIMEOUT_SECONDS
+                        )
+                    raw = client.ApiClient().sanitize_for_serialization(claim)
+                    status = raw.get("status") or {}
+                    reserved = [r for r in status.get("reservedFor") or [] if r.get("uid") != bound.uid]
+                    if reserved == (status.get("reservedFor") or []):
+                        break
+                    if reserved:
+                        status["reservedFor"] = reserved
+                    else:
+                        status.pop("reservedFor", None)
+                    with api_errors(f"unreserve ResourceClaim {ref['name']}"):
+                        resource.replace_namespaced_resource_claim_status(
+                            ref["name"], ref["namespace"], raw, _request_timeout=REQUEST_TIMEOUT_SECONDS
+                        )
+                    break
+                except NotFoundError:
+                    break
+                except ConflictError:
+                    continue
+        with self._lock:
+            self._bound.pop(bound.name, None)
+        log.info("pod released", extra={"pod": bound.name, "node": bound.node})

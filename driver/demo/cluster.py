@@ -1,0 +1,229 @@
+"""A fake cluster on one machine: the embedded API, one node agent process and one kubelet
+simulator per node (real gRPC over unix sockets), and the allocation controller process.
+
+Everything lives under one runtime directory that is removed on close, and every child process
+is stopped on close (also after Ctrl-C), so nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from kubernetes import client
+
+from driver.demo.objects import build_device_classes, build_node
+from driver.errors import FractionalError
+from driver.kube import REQUEST_TIMEOUT_SECONDS, api_errors, new_api_client
+
+__all__ = ["DemoNode", "FakeCluster"]
+
+log = logging.getLogger(__name__)
+
+STARTUP_TIMEOUT_SECONDS = 30.0
+
+
+@dataclass
+class DemoNode:
+    name: str
+    profile: str
+    zone: str
+    root: Path
+    process: subprocess.Popen[bytes] | None = None
+    log_file: IO[bytes] | None = None
+    kubelet: Any = None
+
+    @property
+    def registry_dir(self) -> Path:
+        return self.root / "plugins_registry"
+
+    @property
+    def plugin_dir(self) -> Path:
+        return self.root / "plugins" / "fractional.dev"
+
+    @property
+    def cdi_root(self) -> Path:
+        return self.root / "cdi"
+
+
+@dataclass
+class FakeCluster:
+    nodes_spec: list[tuple[str, str, str]]  # (name, profile, zone)
+    runtime_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="fractional-demo-")))
+    policy: str = "best-fit"
+    api_server: Any = None
+    nodes: list[DemoNode] = field(default_factory=list)
+    controller: subprocess.Popen[bytes] | None = None
+    controller_log: IO[bytes] | None = None
+    kubeconfig: Path | None = None
+
+    # ---- lifecycle -------------------------------------------------------------------------
+    def start_api(self) -> client.Configuration:
+        from driver.kube.emulator import APIServer
+
+        self.api_server = APIServer(host="127.0.0.1", port=0)
+        self.api_server.start()
+        self.kubeconfig = self.runtime_dir / "kubeconfig"
+        self.api_server.write_kubeconfig(str(self.kubeconfig))
+        configuration: client.Configuration = self.api_server.configuration()
+        return configuration
+
+    def create_base_objects(self, configuration: client.Configuration, namespace: str) -> None:
+        api_client = new_api_client(configuration)
+        core = client.CoreV1Api(api_client)
+        resource = client.ResourceV1Api(api_client)
+        with api_errors(f"create Namespace {namespace}"):
+            core.create_namespace(
+                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
+                _request_timeout=REQUEST_TIMEOUT_SECONDS,
+            )
+        for device_class in build_device_classes():
+            with api_errors(f"create DeviceClass {device_class['metadata']['name']}"):
+                resource.create_device_class(device_class, _request_timeout=REQUEST_TIMEOUT_SECONDS)
+        for name, profile, zone in self.nodes_spec:
+            with api_errors(f"create Node {name}"):
+                core.create_node(
+                    build_node(name, profile=profile, zone=zone), _request_timeout=REQUEST_TIMEOUT_SECONDS
+                )
+
+    def start_agents(self) -> None:
+        assert self.kubeconfig is not None
+        for name, profile, zone in self.nodes_spec:
+            node = DemoNode(name=name, profile=profile, zone=zone, root=self.runtime_dir / name)
+            for directory in (node.registry_dir, node.plugin_dir.parent, node.cdi_root):
+                directory.mkdir(parents=True, exist_ok=True)
+            node.log_file = open(self.runtime_dir / f"agent-{name}.log", "wb")  # noqa: SIM115 - closed in close()
+            node.process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "driver",
+                    "plugin",
+                    "--node-name",
+                    name,
+                    "--backend",
+                    "fake",
+                    "--profile",
+                    profile,
+                    "--registry-dir",
+                    str(node.registry_dir),
+                    "--plugin-dir",
+                    str(node.plugin_dir),
+                    "--cdi-root",
+                    str(node.cdi_root),
+                    "--kubeconfig",
+                    str(self.kubeconfig),
+                    "--metrics-port",
+                    "0",
+                    "--log-format",
+                    "json",
+                ],
+                stdout=node.log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=_child_env(),
+            )
+            self.nodes.append(node)
+
+    def register_kubelets(self) -> None:
+        from driver.kube.kubelet import KubeletSimulator
+
+        deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS
+        for node in self.nodes:
+            while not any(node.registry_dir.glob("*-reg.sock")):
+                if node.process is not None and node.process.poll() is not None:
+                    raise FractionalError(
+                        f"node agent for {node.name} exited with status {node.process.returncode}; "
+                        f"see {self.runtime_dir / f'agent-{node.name}.log'}"
+                    )
+                if time.monotonic() > deadline:
+                    raise FractionalError(
+                        f"node agent for {node.name} did not create its registration socket"
+                    )
+                time.sleep(0.05)
+            node.kubelet = KubeletSimulator(str(node.registry_dir), kubelet_version="1.35")
+            node.kubelet.register()
+
+    def start_controller(self) -> None:
+        assert self.kubeconfig is not None
+        self.controller_log = open(self.runtime_dir / "controller.log", "wb")  # noqa: SIM115 - closed in close()
+        self.controller = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "driver",
+                "controller",
+                "--kubeconfig",
+                str(self.kubeconfig),
+                "--policy",
+                self.policy,
+                "--metrics-port",
+                "0",
+                "--log-format",
+                "json",
+            ],
+            stdout=self.controller_log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=_child_env(),
+        )
+
+    def close(self, *, keep_runtime: bool = False) -> None:
+        processes = [n.process for n in self.nodes if n.process] + (
+            [self.controller] if self.controller else []
+        )
+        for process in processes:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        for process in processes:
+            try:
+                process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=5)
+        for node in self.nodes:
+            if node.kubelet is not None:
+                node.kubelet.close()
+            if node.log_file:
+                node.log_file.close()
+        if self.controller_log:
+            self.controller_log.close()
+        if self.api_server is not None:
+            self.api_server.stop()
+            self.api_server = None
+        if not keep_runtime:
+            shutil.rmtree(self.runtime_dir, ignore_errors=True)
+
+    def child_pids(self) -> list[int]:
+        processes = [n.process for n in self.nodes if n.process] + (
+            [self.controller] if self.controller else []
+        )
+        return [p.pid for p in processes]
+
+
+def _child_env() -> dict[str, str]:
+    # Children must not inherit FRACTIONAL_* settings meant for the demo command itself.
+    return {k: v for k, v in os.environ.items() if not k.startswith("FRACTIONAL_")}
+
+
+def wait_until(predicate: Any, timeout: float, stop: threading.Event, interval: float = 0.05) -> bool:
+    """Poll ``predicate`` until it is true, the timeout passes, or ``stop`` is set."""
+    deadline = time.monotonic() + timeout
+    while not stop.is_set():
+        if predicate():
+            return True
+        if time.monotonic() > deadline:
+            return False
+        stop.wait(interval)
+    return False

@@ -1,0 +1,136 @@
+"""API objects the demo creates: DeviceClasses, Nodes, ResourceClaims and gated Pods. Pure builders."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from driver import DRIVER_NAME
+
+__all__ = [
+    "GATE",
+    "GANG_LABEL",
+    "GANG_SIZE_ANNOTATION",
+    "build_claim",
+    "build_device_classes",
+    "build_node",
+    "build_pod",
+    "gpu_request",
+    "nic_request",
+]
+
+GATE = "fractional.dev/allocation"
+GANG_LABEL = "fractional.dev/gang"
+GANG_SIZE_ANNOTATION = "fractional.dev/gang-size"
+PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
+
+
+def build_device_classes() -> list[dict[str, Any]]:
+    """The two classes the chart installs (charts/fractional-dra/templates/deviceclasses.yaml)."""
+
+    def device_class(name: str, device_type: str) -> dict[str, Any]:
+        expression = (
+            f'device.driver == "{DRIVER_NAME}" && device.attributes["{DRIVER_NAME}"].type == "{device_type}"'
+        )
+        return {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "DeviceClass",
+            "metadata": {"name": name},
+            "spec": {"selectors": [{"cel": {"expression": expression}}]},
+        }
+
+    return [device_class("gpu.fractional.dev", "gpu"), device_class("nic.fractional.dev", "nic")]
+
+
+def build_node(name: str, *, profile: str, zone: str) -> dict[str, Any]:
+    allocatable = {"cpu": "192", "memory": "2000Gi", "pods": "110"}
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": {
+                "kubernetes.io/hostname": name,
+                "topology.kubernetes.io/zone": zone,
+                "fractional.dev/profile": profile,
+                "nvidia.com/gpu.present": "true",
+            },
+        },
+        "status": {"allocatable": allocatable, "capacity": allocatable},
+    }
+
+
+def gpu_request(
+    name: str = "gpu", *, memory: str | None = None, compute: int | None = None, selector: str | None = None
+) -> dict[str, Any]:
+    """A request for one GPU: a share when ``memory``/``compute`` are given, else the whole GPU."""
+    exactly: dict[str, Any] = {"deviceClassName": "gpu.fractional.dev"}
+    requests: dict[str, str] = {}
+    if memory is not None:
+        requests["memory"] = memory
+    if compute is not None:
+        requests["compute"] = str(compute)
+    if requests:
+        exactly["capacity"] = {"requests": requests}
+    if selector:
+        exactly["selectors"] = [{"cel": {"expression": selector}}]
+    return {"name": name, "exactly": exactly}
+
+
+def nic_request(name: str = "nic") -> dict[str, Any]:
+    return {"name": name, "exactly": {"deviceClassName": "nic.fractional.dev"}}
+
+
+def build_claim(
+    name: str,
+    namespace: str,
+    requests: list[dict[str, Any]],
+    *,
+    match_pcie_root: bool = False,
+    labels: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {"devices": {"requests": requests}}
+    if match_pcie_root:
+        spec["devices"]["constraints"] = [{"matchAttribute": PCIE_ROOT}]
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": namespace, "labels": dict(labels or {})},
+        "spec": spec,
+    }
+
+
+def build_pod(
+    name: str,
+    namespace: str,
+    claim_names: list[str],
+    *,
+    gang: str | None = None,
+    gang_size: int | None = None,
+    cpu: str = "4",
+    memory: str = "16Gi",
+) -> dict[str, Any]:
+    """A pod gated for our controller, referencing existing claims by name."""
+    metadata: dict[str, Any] = {"name": name, "namespace": namespace, "labels": {"app": "demo"}}
+    if gang:
+        metadata["labels"][GANG_LABEL] = gang
+        metadata["annotations"] = {GANG_SIZE_ANNOTATION: str(gang_size or 1)}
+    resource_claims = [{"name": f"claim-{i}", "resourceClaimName": c} for i, c in enumerate(claim_names)]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": metadata,
+        "spec": {
+            "schedulingGates": [{"name": GATE}],
+            "resourceClaims": resource_claims,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "registry.k8s.io/pause:3.10",
+                    "resources": {
+                        "requests": {"cpu": cpu, "memory": memory},
+                        "claims": [{"name": rc["name"]} for rc in resource_claims],
+                    },
+                }
+            ],
+        },
+    }
