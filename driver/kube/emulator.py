@@ -1,0 +1,386 @@
+"""Embedded Kubernetes API emulator: a small, honest TEST DOUBLE, not a kube-apiserver.
+
+Serves, over plain HTTP on loopback, the resources this project uses (resource.k8s.io/v1 slices,
+classes, claims (+status), claim templates and taint rules; core v1 nodes, pods, events,
+namespaces, configmaps; coordination leases; events.k8s.io events; autoscaling.x-k8s.io
+provisioning requests) so that every code path runs through the real ``kubernetes`` client:
+create (``generateName``), get, list and watch with label and field selectors, replace, merge,
+strategic-merge and JSON patches, the status subresource, delete with finalizers, and optimistic
+concurrency (a stale ``resourceVersion`` gets 409). Written objects are validated against the
+official JSON schemas (strict) plus the DRA server-side rules we depend on.
+
+Not emulated: authentication and authorization, admission, garbage collection, namespace
+finalization, pagination (``limit`` is ignored), server-side apply, protobuf, graceful pod deletion.
+
+Threads: one named ``apiserver`` accept thread and one named thread per connection; a watch holds
+its connection's thread until it times out, its client goes away or ``stop()`` ends it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+from kubernetes import client
+
+from driver.kube.emulator_http import Route, ThreadedHTTPServer
+from driver.kube.emulator_patch import apply_patch
+from driver.kube.emulator_selectors import build_matcher
+from driver.kube.emulator_store import ResourceType, StatusError, Store, Watcher, conflict_error
+from driver.kube.emulator_strategy import (
+    build_namespace,
+    prepare_create,
+    prepare_status_update,
+    prepare_update,
+)
+from driver.kube.emulator_validation import ObjectValidator
+
+__all__ = ["APIServer"]
+
+log = logging.getLogger(__name__)
+
+Obj = dict[str, Any]
+DEFAULT_WATCH_TIMEOUT_SECONDS = 1800
+_THREAD_JOIN_SECONDS = 5.0
+
+
+@dataclass(slots=True)
+class _Fault:
+    verb: str
+    resource: str
+    status: int
+    remaining: int
+    name: str | None
+
+
+_REASONS = {
+    400: "BadRequest", 401: "Unauthorized", 403: "Forbidden", 404: "NotFound", 409: "Conflict", 410: "Gone",
+    422: "Invalid", 429: "TooManyRequests", 500: "InternalError", 503: "ServiceUnavailable", 504: "Timeout",
+}  # fmt: skip
+
+
+class APIServer:
+    """The emulator. ``start()`` binds ``host:port`` (0 picks a free port); ``stop()`` ends every
+    stream and joins every thread.
+
+    ``disabled_features``: DRA feature gates to emulate as off; their fields are silently dropped
+    on write (e.g. ``{"DRAConsumableCapacity"}`` drops ``allowMultipleAllocations`` and
+    ``requestPolicy``), as a real apiserver with the gate off does.
+    """
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        disabled_features: frozenset[str] | set[str] = frozenset(),
+        history_limit: int = 1000,
+    ) -> None:
+        self._address = (host, port)
+        self._store = Store(history_limit=history_limit)
+        self._validator = ObjectValidator(disabled_features=frozenset(disabled_features))
+        self._counts: Counter[tuple[str, str]] = Counter()
+        self._faults: list[_Fault] = []
+        self._hooks_lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._httpd: ThreadedHTTPServer | None = None
+        self._serve_thread: threading.Thread | None = None
+
+    # lifecycle ---------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._httpd is not None:
+            raise RuntimeError("APIServer already started")
+        self._httpd = ThreadedHTTPServer(self._address, self)
+        self._serve_thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.1}, name="apiserver", daemon=True
+        )
+        self._serve_thread.start()
+        log.info("API emulator serving", extra={"url": self.url})
+
+    def stop(self) -> None:
+        """End watches, stop accepting, close every connection and join all threads."""
+        httpd = self._httpd
+        if httpd is None:
+            return
+        self._stopping.set()
+        self._store.close_watchers()
+        httpd.shutdown()
+        httpd.close_connections()
+        httpd.server_close()
+        if self._serve_thread is not None:
+            self._serve_thread.join(_THREAD_JOIN_SECONDS)
+        self._httpd = None
+        log.info("API emulator stopped", extra={"url": self.url})
+
+    def __enter__(self) -> APIServer:
+        self.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop()
+
+    @property
+    def url(self) -> str:
+        host, port = self._httpd.server_address[:2] if self._httpd else self._address
+        return f"http://{host}:{port}"
+
+    def configuration(self) -> client.Configuration:
+        """A fresh client ``Configuration`` for this server (never the global default)."""
+        configuration = client.Configuration()
+        configuration.host = self.url
+        return configuration
+
+    def write_kubeconfig(self, path: str) -> None:
+        document = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "emulator", "cluster": {"server": self.url}}],
+            "users": [{"name": "emulator", "user": {}}],
+            "contexts": [{"name": "emulator", "context": {"cluster": "emulator", "user": "emulator"}}],
+            "current-context": "emulator",
+        }
+        with open(path, "w", encoding="utf-8") as handle:
+            yaml.safe_dump(document, handle)
+
+    # test hooks --------------------------------------------------------------------------------
+
+    def request_count(self, verb: str | None = None, resource: str | None = None) -> int:
+        """Requests served so far, by verb (create, update, patch, delete, deletecollection, get,
+        list, watch) and resource (``resourceslices``, ``resourceclaims/status``); None matches all."""
+        with self._hooks_lock:
+            return sum(
+                count
+                for (v, r), count in self._counts.items()
+                if (verb is None or v == verb) and (resource is None or r == resource)
+            )
+
+    def reset_counts(self) -> None:
+        with self._hooks_lock:
+            self._counts.clear()
+
+    def inject_fault(
+        self, verb: str, resource: str, status: int, times: int = 1, name: str | None = None
+    ) -> None:
+        """Fail the next ``times`` matching requests with ``status`` (a Status object, nothing stored)."""
+        with self._hooks_lock:
+            self._faults.append(_Fault(verb, resource, status, times, name))
+
+    def object_count(self, *plurals: str) -> int:
+        """How many objects the given resources hold."""
+        return self._store.objects(plurals)
+
+    # request handling (called on connection threads) -------------------------------------------
+
+    def _record(self, verb: str, route: Route) -> None:
+        with self._hooks_lock:
+            self._counts[(verb, route.resource)] += 1
+            for fault in self._faults:
+                if (
+                    fault.verb == verb
+                    and fault.resource == route.resource
+                    and fault.name in (None, route.name)
+                ):
+                    fault.remaining -= 1
+                    if fault.remaining <= 0:
+                        self._faults.remove(fault)
+                    break
+            else:
+                return
+        reason = _REASONS.get(fault.status, "InternalError")
+        if fault.status == 409:
+            raise conflict_error(route.rtype, route.name or "")
+        raise StatusError(code=fault.status, reason=reason, message=f"injected fault: {reason}")
+
+    def handle(
+        self, method: str, route: Route, query: dict[str, str], body: Any, headers: Any
+    ) -> tuple[int, Obj]:
+        rtype = route.rtype
+        if route.name is None:
+            if method == "GET":
+                self._record("list", route)
+                return 200, self._list(route, query)
+            if method == "POST":
+                self._record("create", route)
+                return 201, self._create(route, body)
+            if method == "DELETE":
+                self._record("deletecollection", route)
+                return 200, self._delete_collection(route, query)
+            raise _method_not_allowed(method)
+        namespace = route.namespace or ""
+        if method == "GET":
+            self._record("get", route)
+            return 200, self._store.get(rtype, namespace, route.name)
+        if method == "PUT":
+            self._record("update", route)
+            return 200, self._update(route, _require_object(body))
+        if method == "PATCH":
+            self._record("patch", route)
+            return 200, self._patch(route, body, headers.get("Content-Type", ""))
+        if method == "DELETE":
+            self._record("delete", route)
+            return 200, self._delete(route, body)
+        raise _method_not_allowed(method)
+
+    def _list(self, route: Route, query: dict[str, str]) -> Obj:
+        rtype = route.rtype
+        matches = build_matcher(
+            query.get("labelSelector"), query.get("fieldSelector"), rtype.field_labels, rtype.kind
+        )
+        items, resource_version = self._store.list(rtype, route.namespace)
+        return {
+            "kind": f"{rtype.kind}List",
+            "apiVersion": rtype.api_version,
+            "metadata": {"resourceVersion": resource_version},
+            "items": [item for item in items if matches(item)],
+        }
+
+    def _create(self, route: Route, body: Any) -> Obj:
+        rtype = route.rtype
+        if route.subresource or (rtype.namespaced and route.namespace is None):
+            raise _method_not_allowed("POST")
+        obj = _require_object(body)
+        _check_type(rtype, obj)
+        metadata = dict(obj.get("metadata") or {})
+        if not metadata.get("name") and not metadata.get("generateName"):
+            raise _invalid_name(rtype)
+        if rtype.namespaced:
+            if metadata.get("namespace", route.namespace) != route.namespace:
+                raise StatusError(
+                    code=400,
+                    reason="BadRequest",
+                    message="the namespace of the provided object does not match the namespace sent on the "
+                    "request",
+                )
+            metadata["namespace"] = route.namespace
+        else:
+            metadata.pop("namespace", None)
+        obj = {**obj, "metadata": metadata}
+        return self._store.create(
+            rtype,
+            obj,
+            lambda stamped: prepare_create(rtype, stamped, self._validator.validate),
+            ensure_namespace=build_namespace,
+        )
+
+    def _update(self, route: Route, body: Obj) -> Obj:
+        rtype = route.rtype
+        _check_type(rtype, body)
+        prepare = prepare_status_update if route.subresource == "status" else prepare_update
+        return self._store.update(
+            rtype,
+            route.namespace or "",
+            route.name or "",
+            lambda current: prepare(rtype, body, current, self._validator.validate),
+        )
+
+    def _patch(self, route: Route, body: Any, content_type: str) -> Obj:
+        rtype = route.rtype
+        prepare = prepare_status_update if route.subresource == "status" else prepare_update
+        strategic_allowed = rtype.group != "autoscaling.x-k8s.io"  # custom resources take no strategic patch
+
+        def compute(current: Obj) -> Obj:
+            patched = apply_patch(content_type, current, body, strategic_allowed=strategic_allowed)
+            if not isinstance(patched, dict) or not isinstance(patched.get("metadata", {}), dict):
+                raise StatusError(code=422, reason="Invalid", message="patch did not produce an object")
+            return prepare(rtype, patched, current, self._validator.validate)
+
+        return self._store.update(rtype, route.namespace or "", route.name or "", compute)
+
+    def _delete(self, route: Route, body: Any) -> Obj:
+        rtype = route.rtype
+        preconditions = (body or {}).get("preconditions") or {} if isinstance(body, dict) else {}
+
+        def check(current: Obj) -> None:
+            for field in ("uid", "resourceVersion"):
+                wanted = preconditions.get(field)
+                if wanted and wanted != current["metadata"].get(field):
+                    raise conflict_error(rtype, route.name or "")
+
+        obj, removed = self._store.delete(rtype, route.namespace or "", route.name or "", check)
+        if not removed or rtype.returns_object_on_delete:
+            return obj
+        return _success_status(rtype, obj)
+
+    def _delete_collection(self, route: Route, query: dict[str, str]) -> Obj:
+        rtype = route.rtype
+        matches = build_matcher(
+            query.get("labelSelector"), query.get("fieldSelector"), rtype.field_labels, rtype.kind
+        )
+        items, _ = self._store.list(rtype, route.namespace)
+        for item in items:
+            if matches(item):
+                with contextlib.suppress(StatusError):  # deleted concurrently
+                    self._store.delete(rtype, item["metadata"].get("namespace", ""), item["metadata"]["name"])
+        return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"}
+
+    def open_watch(self, route: Route, query: dict[str, str]) -> tuple[Watcher, list[Any], float]:
+        rtype = route.rtype
+        self._record("watch", route)
+        matches = build_matcher(
+            query.get("labelSelector"), query.get("fieldSelector"), rtype.field_labels, rtype.kind
+        )
+        watcher = Watcher(rtype, route.namespace, matches)
+        initial = self._store.watch(watcher, query.get("resourceVersion"))
+        timeout = float(query.get("timeoutSeconds") or DEFAULT_WATCH_TIMEOUT_SECONDS)
+        return watcher, initial, timeout
+
+    def close_watch(self, watcher: Watcher) -> None:
+        self._store.unwatch(watcher)
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+
+def _method_not_allowed(method: str) -> StatusError:
+    return StatusError(
+        code=405, reason="MethodNotAllowed", message=f"the server does not allow this method ({method})"
+    )
+
+
+def _require_object(body: Any) -> Obj:
+    if not isinstance(body, dict):
+        raise StatusError(code=400, reason="BadRequest", message="the request body must be a JSON object")
+    return body
+
+
+def _check_type(rtype: ResourceType, obj: Obj) -> None:
+    api_version, kind = obj.get("apiVersion"), obj.get("kind")
+    if (api_version and api_version != rtype.api_version) or (kind and kind != rtype.kind):
+        raise StatusError(
+            code=400,
+            reason="BadRequest",
+            message=f"the API version in the data ({api_version}) or kind ({kind}) does not match the "
+            f"expected {rtype.api_version} {rtype.kind}",
+        )
+
+
+def _invalid_name(rtype: ResourceType) -> StatusError:
+    return StatusError(
+        code=422,
+        reason="Invalid",
+        message=f'{rtype.kind}.{rtype.group or "core"} "" is invalid: metadata.name: Required value: '
+        "name or generateName is required",
+    )
+
+
+def _success_status(rtype: ResourceType, obj: Obj) -> Obj:
+    metadata = obj["metadata"]
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Success",
+        "details": {
+            "name": metadata["name"],
+            "group": rtype.group,
+            "kind": rtype.plural,
+            "uid": metadata.get("uid"),
+        },
+    }

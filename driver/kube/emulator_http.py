@@ -1,0 +1,294 @@
+"""HTTP layer of the embedded API emulator (a test double): URL routing, discovery documents,
+JSON responses and chunked watch streams. One named thread per connection; no lock is held while
+a socket is written."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import logging
+import queue
+import socket
+import threading
+import time
+import urllib.parse
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Protocol
+
+from driver.kube.emulator_store import ResourceType, StatusError, Watcher, WatchEvent
+from driver.kube.emulator_strategy import RESOURCE_TYPES, find_resource_type
+
+__all__ = ["Backend", "Route", "ThreadedHTTPServer", "discovery_document", "parse_route"]
+
+log = logging.getLogger(__name__)
+
+Obj = dict[str, Any]
+_JOIN_SECONDS = 5.0
+_VERSION = {
+    "major": "1",
+    "minor": "37",
+    "gitVersion": "v1.37.0-fractional-emulator",
+    "platform": "linux/amd64",
+}
+_VERBS = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """What a resource URL names."""
+
+    rtype: ResourceType
+    namespace: str | None
+    name: str | None
+    subresource: str | None
+
+    @property
+    def resource(self) -> str:
+        return f"{self.rtype.plural}/{self.subresource}" if self.subresource else self.rtype.plural
+
+
+class Backend(Protocol):
+    @property
+    def stopping(self) -> bool: ...
+
+    def handle(
+        self, method: str, route: Route, query: dict[str, str], body: Any, headers: Any
+    ) -> tuple[int, Obj]: ...
+
+    def open_watch(self, route: Route, query: dict[str, str]) -> tuple[Watcher, list[WatchEvent], float]: ...
+
+    def close_watch(self, watcher: Watcher) -> None: ...
+
+
+def _not_found_path() -> StatusError:
+    return StatusError(
+        code=404, reason="NotFound", message="the server could not find the requested resource"
+    )
+
+
+def parse_route(path: str) -> Route | None:
+    """``/api/v1/...`` or ``/apis/<group>/<version>/...`` into a route; None for anything else."""
+    parts = [urllib.parse.unquote(part) for part in path.split("/") if part]
+    if len(parts) >= 3 and parts[0] == "api":
+        group, version, rest = "", parts[1], parts[2:]
+    elif len(parts) >= 4 and parts[0] == "apis":
+        group, version, rest = parts[1], parts[2], parts[3:]
+    else:
+        return None
+    namespace = None
+    if rest[0] == "namespaces" and len(rest) >= 3:
+        namespaced = find_resource_type(group, version, rest[2])
+        if namespaced is not None and namespaced.namespaced:
+            namespace, rest = rest[1], rest[2:]
+    rtype = find_resource_type(group, version, rest[0])
+    if rtype is None or len(rest) > 3:
+        return None
+    if rtype.namespaced is False and namespace is not None:
+        return None
+    name = rest[1] if len(rest) > 1 else None
+    subresource = rest[2] if len(rest) > 2 else None
+    if subresource is not None and (subresource != "status" or not rtype.status_subresource):
+        return None
+    return Route(rtype, namespace, name, subresource)
+
+
+def _resource_list(group: str, version: str) -> Obj | None:
+    types = [rtype for rtype in RESOURCE_TYPES if rtype.group == group and rtype.version == version]
+    if not types:
+        return None
+    resources: list[Obj] = []
+    for rtype in types:
+        entry = {"name": rtype.plural, "singularName": rtype.kind.lower(), "namespaced": rtype.namespaced,
+                 "kind": rtype.kind, "verbs": _VERBS}  # fmt: skip
+        resources.append(entry)
+        if rtype.status_subresource:
+            resources.append({**entry, "name": f"{rtype.plural}/status", "verbs": ["get", "patch", "update"]})
+    return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": f"{group}/{version}".lstrip("/"),
+            "resources": resources}  # fmt: skip
+
+
+def _group(group: str) -> Obj:
+    versions = sorted({rtype.version for rtype in RESOURCE_TYPES if rtype.group == group})
+    entries = [{"groupVersion": f"{group}/{version}", "version": version} for version in versions]
+    return {"kind": "APIGroup", "apiVersion": "v1", "name": group, "versions": entries,
+            "preferredVersion": entries[0]}  # fmt: skip
+
+
+def discovery_document(path: str) -> Obj | None:
+    """``/version``, ``/api``, ``/apis`` and the per-version resource lists; None for other paths."""
+    parts = [part for part in path.split("/") if part]
+    if parts == ["version"]:
+        return dict(_VERSION)
+    if parts == ["api"]:
+        return {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []}
+    if parts == ["apis"]:
+        groups = sorted({rtype.group for rtype in RESOURCE_TYPES if rtype.group})
+        return {"kind": "APIGroupList", "apiVersion": "v1", "groups": [_group(group) for group in groups]}
+    if len(parts) == 2 and parts[0] == "api":
+        return _resource_list("", parts[1])
+    if len(parts) == 2 and parts[0] == "apis" and any(rtype.group == parts[1] for rtype in RESOURCE_TYPES):
+        return _group(parts[1])
+    if len(parts) == 3 and parts[0] == "apis":
+        return _resource_list(parts[1], parts[2])
+    return None
+
+
+def _encode(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: ThreadedHTTPServer
+
+    def do_GET(self) -> None:
+        self._serve("GET")
+
+    def do_POST(self) -> None:
+        self._serve("POST")
+
+    def do_PUT(self) -> None:
+        self._serve("PUT")
+
+    def do_PATCH(self) -> None:
+        self._serve("PATCH")
+
+    def do_DELETE(self) -> None:
+        self._serve("DELETE")
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Requests are counted, not logged (thousands per test run)."""
+
+    def _read_body(self) -> bytes:
+        length = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(length) if length > 0 else b""
+
+    def _serve(self, method: str) -> None:
+        raw = self._read_body()  # always consume the body first: the connection is reused
+        try:
+            body = json.loads(raw) if raw else None
+        except ValueError as error:
+            self._send_json(
+                400, StatusError(code=400, reason="BadRequest", message=f"invalid JSON: {error}").to_status()
+            )
+            return
+        url = urllib.parse.urlsplit(self.path)
+        query = {
+            key: values[-1]
+            for key, values in urllib.parse.parse_qs(url.query, keep_blank_values=True).items()
+        }
+        backend = self.server.backend
+        try:
+            document = discovery_document(url.path) if method == "GET" else None
+            if document is not None:
+                self._send_json(200, document)
+                return
+            route = parse_route(url.path)
+            if route is None:
+                raise _not_found_path()
+            if method == "GET" and route.name is None and query.get("watch") in ("true", "1"):
+                self._watch(backend, route, query)
+                return
+            code, obj = backend.handle(method, route, query, body, self.headers)
+        except StatusError as error:
+            self._send_json(error.code, error.to_status())
+            return
+        self._send_json(code, obj)
+
+    def _send_json(self, code: int, obj: Any) -> None:
+        data = _encode(obj)
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _start_stream(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+
+    def _write_chunk(self, data: bytes) -> None:
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+
+    def _watch(self, backend: Backend, route: Route, query: dict[str, str]) -> None:
+        try:
+            watcher, initial, timeout_seconds = backend.open_watch(route, query)
+        except StatusError as error:
+            if error.code != 410:
+                raise
+            self._start_stream()  # an expired version is reported in the stream, as the apiserver does
+            self._write_chunk(_encode({"type": "ERROR", "object": error.to_status()}) + b"\n")
+            self._write_chunk(b"")
+            return
+        deadline = time.monotonic() + timeout_seconds
+        try:
+            self._start_stream()
+            for event in initial:
+                self._send_event(watcher, event)
+            while (remaining := deadline - time.monotonic()) > 0:
+                try:
+                    next_event = watcher.events.get(timeout=remaining)
+                except queue.Empty:
+                    break
+                if next_event is None:  # server stopping
+                    self.close_connection = True
+                    break
+                self._send_event(watcher, next_event)
+            self._write_chunk(b"")
+        except OSError:  # the client went away
+            self.close_connection = True
+        finally:
+            backend.close_watch(watcher)
+
+    def _send_event(self, watcher: Watcher, event: WatchEvent) -> None:
+        translated = watcher.translate(event)
+        if translated is not None:
+            event_type, obj = translated
+            self._write_chunk(_encode({"type": event_type, "object": obj}) + b"\n")
+
+
+class ThreadedHTTPServer(ThreadingHTTPServer):
+    """A ``ThreadingHTTPServer`` whose connection threads are named, tracked and joined on close."""
+
+    daemon_threads = True
+    block_on_close = False  # close_connections() joins instead
+
+    def __init__(self, address: tuple[str, int], backend: Backend) -> None:
+        self.backend = backend
+        self._connections: dict[socket.socket, threading.Thread] = {}
+        self._connections_lock = threading.Lock()
+        self._connection_ids = itertools.count(1)
+        super().__init__(address, _Handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        thread = threading.Thread(
+            target=self.process_request_thread,
+            args=(request, client_address),
+            name=f"apiserver-conn-{next(self._connection_ids)}",
+            daemon=True,
+        )
+        with self._connections_lock:
+            self._connections[request] = thread
+        thread.start()
+
+    def shutdown_request(self, request: Any) -> None:
+        with self._connections_lock:
+            self._connections.pop(request, None)
+        super().shutdown_request(request)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        log.debug("API emulator connection failed", exc_info=True, extra={"client": str(client_address)})
+
+    def close_connections(self) -> None:
+        """Shut every open connection (idle keep-alives included) and join its thread."""
+        with self._connections_lock:
+            connections = list(self._connections.items())
+        for sock, _ in connections:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        for _, thread in connections:
+            thread.join(_JOIN_SECONDS)
