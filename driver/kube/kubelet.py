@@ -1,0 +1,249 @@
+"""A kubelet simulator: the kubelet's side of plugin registration and DRA calls, over real sockets.
+
+A test double for tests and the demo (no kubelet runs here). It does what the kubelet's plugin
+manager does (kubelet-protocol.md section 2): find the registration socket in the registry
+directory, ``GetInfo`` with a 1 s timeout, pick the DRA service version as the given kubelet
+version would, ``NotifyRegistrationStatus``; then ``prepare``/``unprepare`` with the kubelet's 45 s
+deadline on the chosen version, and ``watch_health`` on the v1alpha1 stream.
+
+    kubelet = KubeletSimulator(registry_dir, kubelet_version="1.35")
+    kubelet.register()
+    answer = kubelet.prepare([{"namespace": "ns", "name": "c", "uid": "..."}])
+    # -> {"<uid>": {"error": "", "devices": [{"request_names": [...], "pool_name": ..., "device_name": ...,
+    #                                          "cdi_device_ids": [...], "share_id": ... or None}]}}
+"""
+
+from __future__ import annotations
+
+import stat
+import threading
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from driver.errors import FractionalError
+from driver.plugin.proto_gen import (
+    dra_health_v1alpha1_pb2,
+    dra_health_v1alpha1_pb2_grpc,
+    dra_v1_pb2,
+    dra_v1_pb2_grpc,
+    dra_v1beta1_pb2,
+    dra_v1beta1_pb2_grpc,
+    pluginregistration_pb2,
+    pluginregistration_pb2_grpc,
+)
+
+__all__ = ["KubeletSimulator", "Registration", "RegistrationRefused", "choose_service"]
+
+GET_INFO_TIMEOUT_SECONDS = 1.0
+NOTIFY_TIMEOUT_SECONDS = 5.0
+CALL_TIMEOUT_SECONDS = 45.0  # defaultClientCallTimeout
+DRA_PLUGIN_TYPE = "DRAPlugin"
+HEALTH_SERVICE = "v1alpha1.DRAResourceHealth"
+
+_SERVICES = {
+    "v1.DRAPlugin": (dra_v1_pb2, dra_v1_pb2_grpc),
+    "v1beta1.DRAPlugin": (dra_v1beta1_pb2, dra_v1beta1_pb2_grpc),
+}
+
+
+class RegistrationRefused(FractionalError):
+    """The simulated kubelet rejected the plugin (what ValidatePlugin would refuse)."""
+
+
+def _minor(kubelet_version: str) -> int:
+    parts = kubelet_version.lstrip("v").split(".")
+    if len(parts) < 2 or parts[0] != "1" or not parts[1].isdigit():
+        raise ValueError(f"kubelet_version {kubelet_version!r} is not 1.<minor>")
+    return int(parts[1])
+
+
+def choose_service(kubelet_version: str, supported_versions: Iterable[str]) -> str:
+    """The DRA service a kubelet of ``kubelet_version`` uses with a plugin advertising ``supported_versions``.
+
+    1.34+: the first entry of the plugin's list the kubelet supports (v1, v1beta1); none is a refusal.
+    1.32/1.33: the kubelet walks its own list (v1beta1, then the v1alpha3 fallback, not simulated).
+    """
+    offered = list(supported_versions)
+    if _minor(kubelet_version) >= 34:
+        for service in offered:
+            if service in ("v1.DRAPlugin", "v1beta1.DRAPlugin"):
+                return service
+        raise RegistrationRefused(f"none of {offered} is supported by kubelet {kubelet_version}")
+    if "v1beta1.DRAPlugin" in offered:
+        return "v1beta1.DRAPlugin"
+    raise RegistrationRefused(f"kubelet {kubelet_version} needs v1beta1.DRAPlugin, plugin offers {offered}")
+
+
+@dataclass(frozen=True, slots=True)
+class Registration:
+    socket: Path
+    driver_name: str
+    endpoint: Path
+    supported_versions: tuple[str, ...]
+    service: str  # the chosen DRA service, e.g. "v1.DRAPlugin"
+    get_info_seconds: float
+
+
+def _device_dict(device: Any) -> dict[str, Any]:
+    share_id = None
+    if "share_id" in device.DESCRIPTOR.fields_by_name and device.HasField("share_id"):
+        share_id = device.share_id
+    return {
+        "request_names": list(device.request_names),
+        "pool_name": device.pool_name,
+        "device_name": device.device_name,
+        "cdi_device_ids": list(device.cdi_device_ids),
+        "share_id": share_id,
+    }
+
+
+def _claim_messages(pb: Any, claims: Iterable[Mapping[str, str]]) -> list[Any]:
+    return [pb.Claim(namespace=c["namespace"], name=c["name"], uid=c["uid"]) for c in claims]
+
+
+class KubeletSimulator:
+    def __init__(self, registry_dir: str | Path, kubelet_version: str = "1.35") -> None:
+        _minor(kubelet_version)
+        self.registry_dir = Path(registry_dir)
+        self.kubelet_version = kubelet_version
+        self.registration: Registration | None = None
+        self._channel: grpc.Channel | None = None
+        self._stub: Any = None
+        self._pb: Any = None
+        self._lock = threading.Lock()
+
+    # -- registration --------------------------------------------------------------------------
+
+    def find_socket(self, timeout: float = 10.0) -> Path:
+        """The first unix socket in the registry dir (names starting with ``.`` are ignored)."""
+        deadline = time.monotonic() + timeout
+        waiter = threading.Event()
+        while True:
+            for path in sorted(self.registry_dir.rglob("*")):
+                try:
+                    is_socket = stat.S_ISSOCK(path.lstat().st_mode)
+                except FileNotFoundError:
+                    continue
+                if is_socket and not path.name.startswith("."):
+                    return path
+            if time.monotonic() >= deadline:
+                raise FractionalError(f"no registration socket in {self.registry_dir} after {timeout} s")
+            waiter.wait(0.01)  # the plugin watcher would get an fsnotify event; polling stands in
+
+    def register(self, socket: str | Path | None = None, *, timeout: float = 10.0) -> Registration:
+        """GetInfo -> version choice -> NotifyRegistrationStatus; raises ``RegistrationRefused``."""
+        path = Path(socket) if socket is not None else self.find_socket(timeout)
+        with grpc.insecure_channel(f"unix://{path}") as channel:
+            grpc.channel_ready_future(channel).result(timeout=timeout)  # the kubelet's blocking dial
+            stub = pluginregistration_pb2_grpc.RegistrationStub(channel)
+            started = time.perf_counter()
+            info = stub.GetInfo(pluginregistration_pb2.InfoRequest(), timeout=GET_INFO_TIMEOUT_SECONDS)
+            get_info_seconds = time.perf_counter() - started
+            try:
+                if info.type != DRA_PLUGIN_TYPE:
+                    raise RegistrationRefused(f"plugin type {info.type!r} is not {DRA_PLUGIN_TYPE}")
+                if not info.name:
+                    raise RegistrationRefused("plugin name is empty")
+                service = choose_service(self.kubelet_version, info.supported_versions)
+            except RegistrationRefused as error:
+                stub.NotifyRegistrationStatus(
+                    pluginregistration_pb2.RegistrationStatus(plugin_registered=False, error=str(error)),
+                    timeout=NOTIFY_TIMEOUT_SECONDS,
+                )
+                raise
+            endpoint = Path(info.endpoint) if info.endpoint else path
+            registration = Registration(
+                socket=path,
+                driver_name=info.name,
+                endpoint=endpoint,
+                supported_versions=tuple(info.supported_versions),
+                service=service,
+                get_info_seconds=get_info_seconds,
+            )
+            self._connect(registration)
+            stub.NotifyRegistrationStatus(
+                pluginregistration_pb2.RegistrationStatus(plugin_registered=True),
+                timeout=NOTIFY_TIMEOUT_SECONDS,
+            )
+        return registration
+
+    def _connect(self, registration: Registration) -> None:
+        pb, pb_grpc = _SERVICES[registration.service]
+        channel = grpc.insecure_channel(f"unix://{registration.endpoint}")
+        with self._lock:
+            if self._channel is not None:
+                self._channel.close()
+            self._channel = channel
+            self._stub = pb_grpc.DRAPluginStub(channel)
+            self._pb = pb
+            self.registration = registration
+
+    def _service(self) -> tuple[Any, Any]:
+        with self._lock:
+            if self._stub is None:
+                raise FractionalError("the simulated kubelet has not registered a plugin")
+            return self._pb, self._stub
+
+    # -- DRA calls -----------------------------------------------------------------------------
+
+    def prepare(
+        self, claims: Iterable[Mapping[str, str]], *, timeout: float = CALL_TIMEOUT_SECONDS
+    ) -> dict[str, Any]:
+        """NodePrepareResources; ``grpc.RpcError`` when the whole call fails."""
+        pb, stub = self._service()
+        response = stub.NodePrepareResources(
+            pb.NodePrepareResourcesRequest(claims=_claim_messages(pb, claims)), timeout=timeout
+        )
+        return {
+            uid: {"error": result.error, "devices": [_device_dict(device) for device in result.devices]}
+            for uid, result in response.claims.items()
+        }
+
+    def unprepare(
+        self, claims: Iterable[Mapping[str, str]], *, timeout: float = CALL_TIMEOUT_SECONDS
+    ) -> dict[str, Any]:
+        pb, stub = self._service()
+        response = stub.NodeUnprepareResources(
+            pb.NodeUnprepareResourcesRequest(claims=_claim_messages(pb, claims)), timeout=timeout
+        )
+        return {uid: {"error": result.error} for uid, result in response.claims.items()}
+
+    def watch_health(self, *, timeout: float | None = None) -> Iterator[list[dict[str, Any]]]:
+        """The v1alpha1 ``NodeWatchResources`` stream: one list of device dicts per message.
+
+        Closing the generator (or ``close()``) cancels the stream; ``timeout`` bounds its lifetime.
+        """
+        with self._lock:
+            if self.registration is None or self._channel is None:
+                raise FractionalError("the simulated kubelet has not registered a plugin")
+            channel = self._channel
+        stub = dra_health_v1alpha1_pb2_grpc.DRAResourceHealthStub(channel)
+        call = stub.NodeWatchResources(dra_health_v1alpha1_pb2.NodeWatchResourcesRequest(), timeout=timeout)
+        try:
+            for message in call:
+                yield [
+                    {
+                        "pool_name": health.device.pool_name,
+                        "device_name": health.device.device_name,
+                        "health": dra_health_v1alpha1_pb2.HealthStatus.Name(health.health),
+                        "last_updated_time": health.last_updated_time,
+                        "health_check_timeout_seconds": health.health_check_timeout_seconds,
+                        "message": health.message,
+                    }
+                    for health in message.devices
+                ]
+        finally:
+            call.cancel()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._channel is not None:
+                self._channel.close()
+            self._channel = None
+            self._stub = None
+            self.registration = None

@@ -1,0 +1,342 @@
+"""The node agent: inventory, slices, the kubelet plugin sockets, probes, and a clean shutdown.
+
+Start-up order (``NodeAgent.start``):
+ 1. discover the inventory; build the sharing backends; ``DeviceState`` restores what the
+    checkpoint says is prepared (re-acquire shares, re-create missing CDI files);
+ 2. DRA server (v1 + v1beta1 [+ health]) on ``<plugin-dir>/dra[-<podUID>].sock`` -- stale file
+    removed, then 0600 (0660 with ``--socket-group``); the plugin dir is 0750;
+ 3. registration server on ``<registry-dir>/fractional.dev[-<podUID>]-reg.sock``, last, because the
+    kubelet calls the DRA socket as soon as it has registered us;
+ 4. the ``slice-publisher`` thread and the health monitor; the ``probe-http`` thread on
+    ``--metrics-port`` (``/metrics``, ``/healthz``, ``/readyz``; 0 = off).
+
+Shutdown (``stop``): the registration server goes first (its socket disappears, the kubelet
+deregisters us), then the DRA server with a grace period for in-flight calls; threads are joined,
+sockets unlinked, sharing backends closed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import grpc
+from kubernetes import client
+
+from driver.config import PluginConfig
+from driver.errors import ConfigError, FractionalError, NotFoundError, TransientError
+from driver.inventory.discover import discover_inventory
+from driver.inventory.model import NodeInventory
+from driver.kube.client import load_configuration
+from driver.plugin.checkpoint import BOOT_ID_PATH, read_boot_id
+from driver.plugin.claims import ClaimReader
+from driver.plugin.devices import PrepareSettings
+from driver.plugin.dra_service import ClaimSource, add_dra_services
+from driver.plugin.health import HealthMonitor, build_health_taints
+from driver.plugin.http import ProbeServer
+from driver.plugin.proto_gen import (
+    dra_v1_pb2,
+    dra_v1_pb2_grpc,
+    pluginregistration_pb2,
+    pluginregistration_pb2_grpc,
+)
+from driver.plugin.registration import RegistrationServicer, RegistrationStatus, SocketPaths, socket_paths
+from driver.plugin.server import build_grpc_server, listen_unix, remove_socket, secure_socket
+from driver.plugin.sharing.base import DeviceNode, SharingBackend
+from driver.plugin.sharing.factory import build_sharing_backends
+from driver.plugin.state import DeviceState, EffectHook
+from driver.slices import SlicePublisher, Taints
+
+__all__ = ["NodeAgent", "run_agent"]
+
+log = logging.getLogger(__name__)
+
+STOP_GRACE_SECONDS = 5.0
+PROBE_TIMEOUT_SECONDS = 1.0
+REGISTRATION_WORKERS = 2
+
+
+def rdma_device_nodes(sysfs_root: str | Path, inventory: NodeInventory) -> dict[str, tuple[DeviceNode, ...]]:
+    """RDMA device -> its ``/dev/infiniband/uverbsN`` node(s), from ``<sysfs>/class/infiniband``."""
+    nodes: dict[str, tuple[DeviceNode, ...]] = {}
+    for nic in inventory.nics:
+        if not nic.rdma_device:
+            continue
+        verbs = Path(sysfs_root) / "class" / "infiniband" / nic.rdma_device / "device" / "infiniband_verbs"
+        try:
+            names = sorted(entry.name for entry in verbs.iterdir() if entry.name.startswith("uverbs"))
+        except OSError:
+            continue
+        nodes[nic.rdma_device] = tuple(DeviceNode(path=f"/dev/infiniband/{name}") for name in names)
+    return nodes
+
+
+def _open_nvml() -> ModuleType:
+    import pynvml
+
+    pynvml.nvmlInit()
+    return pynvml
+
+
+class NodeAgent:
+    """One node's agent, in-process (tests, the demo) or behind ``fractional plugin``.
+
+    ``kube_configuration``: the API to use (default: from ``config.kubeconfig``). ``claims``:
+    replaces the API read of claims (benchmarks). ``effect_hook``: see ``DeviceState``.
+    ``publish_slices=False`` skips the slice publisher (tests of the kubelet side only).
+    """
+
+    def __init__(
+        self,
+        config: PluginConfig,
+        *,
+        kube_configuration: client.Configuration | None = None,
+        inventory: NodeInventory | None = None,
+        claims: ClaimSource | None = None,
+        boot_id_path: str | Path = BOOT_ID_PATH,
+        effect_hook: EffectHook | None = None,
+        publish_slices: bool = True,
+    ) -> None:
+        self.config = config
+        self.paths: SocketPaths = socket_paths(
+            registry_dir=config.registry_dir, plugin_dir=config.plugin_dir, pod_uid=config.pod_uid
+        )
+        self.registration = RegistrationStatus()
+        self.stop_event = threading.Event()
+        self._kube_configuration = kube_configuration
+        self._inventory = inventory
+        self._claims = claims
+        self._boot_id_path = boot_id_path
+        self._effect_hook = effect_hook
+        self._publish_slices = publish_slices
+        self._nvml: ModuleType | None = None
+        self._backends: dict[str, SharingBackend] = {}
+        self._dra_server: grpc.Server | None = None
+        self._registration_server: grpc.Server | None = None
+        self._probe: ProbeServer | None = None
+        self._publisher: SlicePublisher | None = None
+        self._health: HealthMonitor | None = None
+        self._threads: list[threading.Thread] = []
+        self._taints: Taints | None = None
+        self._taints_lock = threading.Lock()
+        self.slices_published = threading.Event()
+        self.serving = threading.Event()
+        self.state: DeviceState | None = None
+
+    # -- start ---------------------------------------------------------------------------------
+
+    @property
+    def inventory(self) -> NodeInventory:
+        if self._inventory is None:
+            raise FractionalError("the agent has not discovered its inventory yet")
+        return self._inventory
+
+    @property
+    def http_port(self) -> int | None:
+        return self._probe.port if self._probe is not None else None
+
+    def start(self) -> None:
+        """Everything up to a serving registration socket; raises (after cleaning up) on failure."""
+        try:
+            self._start()
+        except BaseException:
+            self.stop(grace=0)
+            raise
+
+    def _start(self) -> None:
+        config = self.config
+        started = time.perf_counter()
+        if self._inventory is None:
+            self._inventory = discover_inventory(
+                backend=config.backend,
+                profile=config.profile,
+                sysfs_root=config.sysfs_root,
+                node_name=config.node_name,
+            )
+        inventory = self._inventory
+        if config.backend == "nvml":
+            self._nvml = _open_nvml()
+        self._backends = build_sharing_backends(config, nvml=self._nvml)
+        plugin_dir = Path(config.plugin_dir)
+        plugin_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(plugin_dir, 0o750)
+        Path(config.cdi_root).mkdir(parents=True, exist_ok=True)
+        settings = PrepareSettings(
+            default_backend=config.sharing,
+            backends=self._backends,
+            pool_name=inventory.node_name,
+            toolkit_cdi=inventory.backend == "nvml",
+            rdma_device_nodes=rdma_device_nodes(config.sysfs_root, inventory)
+            if inventory.backend == "nvml"
+            else {},
+        )
+        self.state = DeviceState(
+            inventory=inventory,
+            settings=settings,
+            cdi_root=config.cdi_root,
+            plugin_dir=plugin_dir,
+            boot_id=read_boot_id(self._boot_id_path),
+            rolling_update=bool(config.pod_uid),
+            effect_hook=self._effect_hook,
+        )
+        restored = self.state.restore()
+        if (self._claims is None or self._publish_slices) and self._kube_configuration is None:
+            self._kube_configuration = load_configuration(config.kubeconfig)
+        claims = self._claims if self._claims is not None else ClaimReader(self._require_configuration())
+
+        dra = build_grpc_server(max_workers=config.max_workers)
+        add_dra_services(dra, state=self.state, claims=claims)
+        listen_unix(dra, self.paths.dra, flag="--plugin-dir (FRACTIONAL_PLUGIN_DIR)")
+        dra.start()
+        self._dra_server = dra
+        secure_socket(self.paths.dra, group=config.socket_group)
+
+        registration = build_grpc_server(max_workers=REGISTRATION_WORKERS)
+        pluginregistration_pb2_grpc.add_RegistrationServicer_to_server(
+            RegistrationServicer(endpoint=self.paths.dra, status=self.registration), registration
+        )
+        listen_unix(registration, self.paths.registration, flag="--registry-dir (FRACTIONAL_REGISTRY_DIR)")
+        registration.start()
+        self._registration_server = registration
+        secure_socket(self.paths.registration, group=config.socket_group)
+        self.serving.set()
+        log.info(
+            "kubelet plugin serving",
+            extra={
+                "registration_socket": str(self.paths.registration),
+                "dra_socket": str(self.paths.dra),
+                "restored_claims": restored,
+                "startup_seconds": round(time.perf_counter() - started, 3),
+            },
+        )
+
+        self._health = HealthMonitor(
+            inventory,
+            on_change=self._on_health_change,
+            stop=self.stop_event,
+            nvml=self._nvml,
+            health_file=config.health_file,
+            ignored_xids=config.ignored_xids,
+        )
+        self._health.start()
+        if self._publish_slices:
+            self._publisher = SlicePublisher(
+                self._require_configuration(), inventory.node_name, resync_seconds=config.resync_seconds
+            )
+            thread = threading.Thread(target=self._run_publisher, name="slice-publisher", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        if config.metrics_port:
+            self._probe = ProbeServer(
+                host=config.metrics_host,
+                port=config.metrics_port,
+                liveness=self.check_liveness,
+                readiness=self.check_readiness,
+            )
+            self._probe.start()
+
+    def _require_configuration(self) -> client.Configuration:
+        if self._kube_configuration is None:
+            raise ConfigError(
+                field="--kubeconfig (FRACTIONAL_KUBECONFIG)", problem="no cluster configuration"
+            )
+        return self._kube_configuration
+
+    # -- slices and health ---------------------------------------------------------------------
+
+    def _inventory_source(self) -> tuple[NodeInventory, Taints | None]:
+        with self._taints_lock:
+            return self.inventory, self._taints
+
+    def _run_publisher(self) -> None:
+        publisher = self._publisher
+        assert publisher is not None
+        try:
+            publisher.publish(*self._inventory_source())
+            self.slices_published.set()
+            log.info("resource slices published", extra={"node": self.config.node_name})
+        except (TransientError, NotFoundError) as error:  # the loop below retries with backoff
+            log.warning(
+                "first slice publish failed", extra={"node": self.config.node_name, "error": str(error)}
+            )
+        publisher.run(self.stop_event, self._inventory_source)
+
+    def _on_health_change(self, snapshot: Any) -> None:
+        taints = build_health_taints(snapshot)
+        with self._taints_lock:
+            self._taints = taints or None
+        if self._publisher is not None:
+            self._publisher.request_sync()
+
+    # -- probes --------------------------------------------------------------------------------
+
+    def check_liveness(self) -> tuple[bool, str]:
+        """Both sockets answer: GetInfo on the registration socket, an empty Prepare on the DRA socket."""
+        try:
+            with grpc.insecure_channel(f"unix://{self.paths.registration}") as channel:
+                pluginregistration_pb2_grpc.RegistrationStub(channel).GetInfo(
+                    pluginregistration_pb2.InfoRequest(), timeout=PROBE_TIMEOUT_SECONDS
+                )
+            with grpc.insecure_channel(f"unix://{self.paths.dra}") as channel:
+                dra_v1_pb2_grpc.DRAPluginStub(channel).NodePrepareResources(
+                    dra_v1_pb2.NodePrepareResourcesRequest(), timeout=PROBE_TIMEOUT_SECONDS
+                )
+        except grpc.RpcError as error:
+            return False, f"gRPC probe failed: {error.code().name}"  # type: ignore[attr-defined]
+        return True, "registration and DRA sockets answer"
+
+    def check_readiness(self) -> tuple[bool, str]:
+        if self.registration.registered.is_set():
+            return True, "registered with the kubelet"
+        if self.serving.is_set() and (self.slices_published.is_set() or not self._publish_slices):
+            return True, "serving; slices published"
+        return False, "not registered, and not yet serving with published slices"
+
+    # -- stop ----------------------------------------------------------------------------------
+
+    def stop(self, grace: float = STOP_GRACE_SECONDS) -> None:
+        """Idempotent: deregister, drain, join, unlink, close."""
+        self.stop_event.set()
+        self.serving.clear()
+        if self._registration_server is not None:
+            self._registration_server.stop(0).wait()
+            self._registration_server = None
+        if self._dra_server is not None:
+            self._dra_server.stop(grace).wait()
+            self._dra_server = None
+        for path in (self.paths.registration, self.paths.dra):
+            try:
+                remove_socket(path)
+            except ConfigError as error:
+                log.warning("socket path not removed", extra={"path": str(path), "reason": str(error)})
+        if self._probe is not None:
+            self._probe.close()
+            self._probe = None
+        if self._health is not None:
+            self._health.join()
+        for thread in self._threads:
+            thread.join()
+        self._threads.clear()
+        for backend in self._backends.values():
+            backend.close()
+        self._backends = {}
+        if self._nvml is not None:
+            self._nvml.nvmlShutdown()
+            self._nvml = None
+        log.info("node agent stopped", extra={"node": self.config.node_name})
+
+
+def run_agent(config: PluginConfig, stop: threading.Event) -> int:
+    """``fractional plugin``: run until ``stop`` (SIGTERM/SIGINT), then shut down cleanly; 0."""
+    agent = NodeAgent(config)
+    agent.start()
+    try:
+        stop.wait()
+    finally:
+        agent.stop()
+    return 0

@@ -1,0 +1,203 @@
+"""Every CDI name, and the one renderer and writer of CDI spec files.
+
+Layout (DESIGN.md section 1): vendor ``k8s.fractional.dev``, classes ``gpu`` and ``nic``; one
+transient spec file per claim **and class**, ``<cdi-root>/k8s.fractional.dev-<class>_<claimUID>.json``.
+A claim with GPUs and NICs therefore gets two files (kinds ``k8s.fractional.dev/gpu`` and
+``.../nic``): the kind names the class, and each file keeps DESIGN.md's name. Device names are
+``<claimUID>-<device>[-<first 8 chars of shareID>]``: unique per claim, never reused (runtimes cache
+specs). Files are written atomically (temp file, fsync, rename, fsync of the directory) with the
+minimum ``cdiVersion`` their content needs (kubelet-protocol.md section 6).
+
+Every value that ends up in a file name passes ``check_name_part`` first: a ``/``, ``..``, an
+unexpected character or an over-long value is a per-claim ``ClaimError``, never a path outside
+the CDI root.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from driver.errors import ClaimError
+from driver.plugin.atomic import write_atomically
+from driver.plugin.sharing.base import ContainerEdits, DeviceNode, Mount
+
+__all__ = [
+    "CDI_CLASSES",
+    "CDI_VENDOR",
+    "MAX_NAME_PART_LENGTH",
+    "check_name_part",
+    "claim_spec_path",
+    "device_name",
+    "minimum_cdi_version",
+    "parse_container_edits",
+    "qualified_device_id",
+    "remove_claim_specs",
+    "render_claim_spec",
+    "render_container_edits",
+    "spec_kind",
+    "toolkit_device_id",
+    "write_cdi_spec",
+]
+
+CDI_VENDOR = "k8s.fractional.dev"
+CDI_CLASSES = ("gpu", "nic")
+NVIDIA_TOOLKIT_KIND = "nvidia.com/gpu"  # the NVIDIA container toolkit's own CDI devices
+MAX_NAME_PART_LENGTH = 128  # a UUID is 36; file names stay far below NAME_MAX (255)
+SHARE_PREFIX_LENGTH = 8
+
+# CDI device names allow alphanumerics and "_-.:" (container-device-interface pkg/parser); file names
+# must not contain ":" on every filesystem we care about, so the stricter set is used for both.
+_NAME_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+BASE_CDI_VERSION = "0.3.0"
+
+
+def check_name_part(value: str, *, claim: str, field: str) -> str:
+    """``value`` unchanged if it is safe inside a file or CDI device name, else ``ClaimError``."""
+    if not value:
+        problem = "is empty"
+    elif len(value) > MAX_NAME_PART_LENGTH:
+        problem = f"is {len(value)} characters long, more than {MAX_NAME_PART_LENGTH}"
+    elif "/" in value or ".." in value:
+        problem = f"{value!r} contains '/' or '..'"
+    elif not _NAME_PART.match(value):
+        problem = f"{value!r} has characters outside [A-Za-z0-9_.-] or does not start with one of [A-Za-z0-9]"
+    else:
+        return value
+    raise ClaimError(claim=claim, field=field, problem=problem)
+
+
+def spec_kind(cdi_class: str) -> str:
+    return f"{CDI_VENDOR}/{cdi_class}"
+
+
+def device_name(claim_uid: str, device: str, share_id: str | None) -> str:
+    """``<claimUID>-<device>[-<shareID prefix>]`` (callers have checked the parts)."""
+    name = f"{claim_uid}-{device}"
+    if share_id:
+        name += "-" + share_id[:SHARE_PREFIX_LENGTH]
+    return name
+
+
+def qualified_device_id(cdi_class: str, name: str) -> str:
+    """The fully-qualified id the kubelet hands to the runtime: ``vendor/class=name``."""
+    return f"{spec_kind(cdi_class)}={name}"
+
+
+def toolkit_device_id(gpu_uuid: str) -> str:
+    return f"{NVIDIA_TOOLKIT_KIND}={gpu_uuid}"
+
+
+def claim_spec_path(cdi_root: str | Path, cdi_class: str, claim_uid: str) -> Path:
+    """``<cdi-root>/k8s.fractional.dev-<class>_<claimUID>.json`` (transient spec name)."""
+    if cdi_class not in CDI_CLASSES:
+        raise ValueError(f"CDI class {cdi_class!r} is not one of {CDI_CLASSES}")
+    check_name_part(claim_uid, claim=claim_uid, field="metadata.uid")
+    return Path(cdi_root) / f"{CDI_VENDOR}-{cdi_class}_{claim_uid}.json"
+
+
+def render_container_edits(edits: ContainerEdits) -> dict[str, Any]:
+    """CDI ``containerEdits`` (camelCase keys, empty lists left out)."""
+    rendered: dict[str, Any] = {}
+    if edits.env:
+        rendered["env"] = list(edits.env)
+    if edits.device_nodes:
+        nodes = []
+        for node in edits.device_nodes:
+            item: dict[str, Any] = {"path": node.path}
+            if node.host_path:
+                item["hostPath"] = node.host_path
+            if node.permissions:
+                item["permissions"] = node.permissions
+            nodes.append(item)
+        rendered["deviceNodes"] = nodes
+    if edits.mounts:
+        mounts = []
+        for mount in edits.mounts:
+            item = {"hostPath": mount.host_path, "containerPath": mount.container_path}
+            if mount.options:
+                item["options"] = list(mount.options)
+            if mount.type:
+                item["type"] = mount.type
+            mounts.append(item)
+        rendered["mounts"] = mounts
+    return rendered
+
+
+def parse_container_edits(raw: Mapping[str, Any]) -> ContainerEdits:
+    """Inverse of ``render_container_edits`` (checkpoint round trip)."""
+    return ContainerEdits(
+        env=tuple(str(value) for value in raw.get("env", ())),
+        device_nodes=tuple(
+            DeviceNode(path=item["path"], host_path=item.get("hostPath"), permissions=item.get("permissions"))
+            for item in raw.get("deviceNodes", ())
+        ),
+        mounts=tuple(
+            Mount(
+                host_path=item["hostPath"],
+                container_path=item["containerPath"],
+                options=tuple(item.get("options", ())),
+                type=item.get("type"),
+            )
+            for item in raw.get("mounts", ())
+        ),
+    )
+
+
+def minimum_cdi_version(spec: Mapping[str, Any]) -> str:
+    """The lowest ``cdiVersion`` whose rules admit ``spec`` (CDI specs-go ``MinimumRequiredVersion``).
+
+    Writing the minimum keeps older runtimes (which reject versions they do not know) working.
+    """
+    kind = str(spec.get("kind", ""))
+    cdi_class = kind.split("/", 1)[1] if "/" in kind else ""
+    devices = list(spec.get("devices", ()))
+    all_edits = [spec.get("containerEdits") or {}] + [
+        device.get("containerEdits") or {} for device in devices
+    ]
+    if spec.get("annotations") or "." in cdi_class or any(device.get("annotations") for device in devices):
+        return "0.6.0"
+    if any(str(device.get("name", ""))[:1].isdigit() for device in devices) or any(
+        node.get("hostPath") for edits in all_edits for node in edits.get("deviceNodes", ())
+    ):
+        return "0.5.0"
+    if any(mount.get("type") for edits in all_edits for mount in edits.get("mounts", ())):
+        return "0.4.0"
+    return BASE_CDI_VERSION
+
+
+def render_claim_spec(cdi_class: str, devices: Iterable[tuple[str, ContainerEdits]]) -> dict[str, Any]:
+    """One claim's spec for one class from ``(device name, edits)`` pairs; duplicates collapse."""
+    rendered: dict[str, dict[str, Any]] = {}
+    for name, edits in devices:
+        rendered.setdefault(name, {"name": name, "containerEdits": render_container_edits(edits)})
+    if not rendered:
+        raise ValueError("a CDI spec needs at least one device")
+    spec: dict[str, Any] = {"cdiVersion": BASE_CDI_VERSION, "kind": spec_kind(cdi_class)}
+    spec["devices"] = list(rendered.values())
+    spec["cdiVersion"] = minimum_cdi_version(spec)
+    return spec
+
+
+def write_cdi_spec(cdi_root: str | Path, cdi_class: str, claim_uid: str, spec: Mapping[str, Any]) -> Path:
+    path = claim_spec_path(cdi_root, cdi_class, claim_uid)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomically(path, json.dumps(spec, indent=2, sort_keys=True).encode() + b"\n")
+    return path
+
+
+def remove_claim_specs(cdi_root: str | Path, claim_uid: str) -> list[Path]:
+    """Delete every spec file of the claim (all classes); missing files are fine."""
+    removed = []
+    for cdi_class in CDI_CLASSES:
+        path = claim_spec_path(cdi_root, cdi_class, claim_uid)
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            continue
+        removed.append(path)
+    return removed

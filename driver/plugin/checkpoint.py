@@ -1,0 +1,210 @@
+"""The node agent's checkpoint: which claims are prepared, and what preparing them computed.
+
+A versioned JSON document in the plugin dir (``checkpoint.json``), written atomically, guarded by a
+checksum, and stamped with the node's boot id::
+
+    {"apiVersion": "checkpoint.fractional.dev/v1", "kind": "Checkpoint", "bootID": "...",
+     "checksum": "sha256:<hex of the canonical JSON of everything else>",
+     "preparedClaims": {"<claimUID>": {"namespace": ..., "name": ..., "phase": "PrepareStarted",
+                                       "bootID": "...", "devices": [PreparedDevice.to_dict(), ...]}}}
+
+Two phases per claim: ``PrepareStarted`` is written before any node-side effect, ``PrepareCompleted``
+after them. An entry recorded under another boot id is *stale*: its effects (MPS daemons, CDI files
+on tmpfs) did not survive the reboot, so the next Prepare redoes them. The checkpoint itself lives
+on disk and survives. A missing file reads as empty; an unreadable one raises
+``CheckpointCorruptError`` and ``CheckpointStore`` sets it aside.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from driver.errors import FractionalError
+from driver.plugin.atomic import write_atomically
+from driver.plugin.devices import PreparedDevice
+from driver.plugin.metrics import CHECKPOINT_CORRUPT_TOTAL
+
+__all__ = [
+    "API_VERSION",
+    "BOOT_ID_PATH",
+    "Checkpoint",
+    "CheckpointCorruptError",
+    "CheckpointStore",
+    "ClaimPhase",
+    "PreparedClaim",
+    "parse_checkpoint",
+    "read_boot_id",
+    "read_checkpoint",
+    "render_checkpoint",
+]
+
+log = logging.getLogger(__name__)
+
+API_VERSION = "checkpoint.fractional.dev/v1"
+KIND = "Checkpoint"
+FILE_NAME = "checkpoint.json"
+BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
+
+
+class ClaimPhase(StrEnum):
+    STARTED = "PrepareStarted"
+    COMPLETED = "PrepareCompleted"
+
+
+class CheckpointCorruptError(FractionalError):
+    def __init__(self, *, path: Path, problem: str) -> None:
+        super().__init__(f"checkpoint {path}: {problem}")
+        self.path = path
+        self.problem = problem
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedClaim:
+    uid: str
+    namespace: str
+    name: str
+    phase: ClaimPhase
+    boot_id: str
+    devices: tuple[PreparedDevice, ...]
+
+    def is_current(self, boot_id: str) -> bool:
+        """Completed during this boot: its effects are in place."""
+        return self.phase is ClaimPhase.COMPLETED and self.boot_id == boot_id
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    boot_id: str = ""
+    claims: Mapping[str, PreparedClaim] = field(default_factory=dict)
+
+    def with_claim(self, claim: PreparedClaim) -> Checkpoint:
+        return replace(self, claims={**self.claims, claim.uid: claim})
+
+    def without(self, claim_uid: str) -> Checkpoint:
+        return replace(self, claims={uid: c for uid, c in self.claims.items() if uid != claim_uid})
+
+
+def _checksum(body: Mapping[str, Any]) -> str:
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    return "sha256:" + hashlib.sha256(canonical).hexdigest()
+
+
+def render_checkpoint(checkpoint: Checkpoint, boot_id: str) -> bytes:
+    """Pure: the file content, stamped with the boot id of the writer."""
+    body: dict[str, Any] = {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "bootID": boot_id,
+        "preparedClaims": {
+            uid: {
+                "namespace": claim.namespace,
+                "name": claim.name,
+                "phase": str(claim.phase),
+                "bootID": claim.boot_id,
+                "devices": [device.to_dict() for device in claim.devices],
+            }
+            for uid, claim in sorted(checkpoint.claims.items())
+        },
+    }
+    body["checksum"] = _checksum(body)
+    return json.dumps(body, sort_keys=True, indent=1).encode() + b"\n"
+
+
+def parse_checkpoint(data: bytes, path: Path) -> Checkpoint:
+    """Pure inverse of ``render_checkpoint``; ``CheckpointCorruptError`` for anything else."""
+    try:
+        body = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as error:
+        raise CheckpointCorruptError(path=path, problem=f"not JSON: {error}") from error
+    if not isinstance(body, dict):
+        raise CheckpointCorruptError(path=path, problem="not a JSON object")
+    if body.get("apiVersion") != API_VERSION or body.get("kind") != KIND:
+        raise CheckpointCorruptError(
+            path=path,
+            problem=f"apiVersion/kind: expected {API_VERSION}/{KIND}, "
+            f"found {body.get('apiVersion')}/{body.get('kind')}",
+        )
+    checksum = body.pop("checksum", None)
+    if checksum != _checksum(body):
+        raise CheckpointCorruptError(path=path, problem="checksum: does not match the content")
+    try:
+        claims = {
+            uid: PreparedClaim(
+                uid=uid,
+                namespace=str(raw["namespace"]),
+                name=str(raw["name"]),
+                phase=ClaimPhase(raw["phase"]),
+                boot_id=str(raw["bootID"]),
+                devices=tuple(PreparedDevice.from_dict(device) for device in raw["devices"]),
+            )
+            for uid, raw in body["preparedClaims"].items()
+        }
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        raise CheckpointCorruptError(path=path, problem=f"preparedClaims: {error!r}") from error
+    return Checkpoint(boot_id=str(body.get("bootID", "")), claims=claims)
+
+
+def read_checkpoint(path: Path) -> Checkpoint:
+    """A missing file reads as an empty checkpoint."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return Checkpoint()
+    return parse_checkpoint(data, path)
+
+
+def read_boot_id(path: str | Path = BOOT_ID_PATH) -> str:
+    """The kernel's boot id; empty when unreadable (then every entry counts as this boot's)."""
+    try:
+        return Path(path).read_text().strip()
+    except OSError:
+        log.warning("boot id unreadable", extra={"path": str(path)})
+        return ""
+
+
+class CheckpointStore:
+    """Owns ``<plugin-dir>/checkpoint.json``; callers serialize read-modify-write with ``lock``.
+
+    ``cache=True`` (one agent per node) keeps the last written checkpoint in memory; with rolling
+    updates two agents share the file, so every ``load`` reads it again.
+    """
+
+    def __init__(self, plugin_dir: str | Path, *, boot_id: str, cache: bool = True) -> None:
+        self.path = Path(plugin_dir) / FILE_NAME
+        self.boot_id = boot_id
+        self.lock = threading.Lock()  # guards the file and the cache; never held across an API call
+        self._cache = cache
+        self._cached: Checkpoint | None = None
+
+    def load(self) -> Checkpoint:
+        """The checkpoint; a corrupt file is logged, counted, renamed aside and read as empty."""
+        if self._cache and self._cached is not None:
+            return self._cached
+        try:
+            checkpoint = read_checkpoint(self.path)
+        except CheckpointCorruptError as error:
+            aside = self.path.with_name(f"{self.path.name}.corrupt-{time.time_ns()}")
+            os.replace(self.path, aside)
+            CHECKPOINT_CORRUPT_TOTAL.inc()
+            log.error(
+                "checkpoint corrupt, set aside",
+                extra={"path": str(self.path), "moved_to": str(aside), "problem": error.problem},
+            )
+            checkpoint = Checkpoint()
+        self._cached = checkpoint
+        return checkpoint
+
+    def save(self, checkpoint: Checkpoint) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomically(self.path, render_checkpoint(checkpoint, self.boot_id), mode=0o600)
+        self._cached = checkpoint

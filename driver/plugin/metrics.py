@@ -1,0 +1,44 @@
+"""Prometheus metrics of the node agent (served on ``--metrics-port`` at ``/metrics``).
+
+Defined once per process on the default registry; several in-process agents (tests, the demo)
+share them.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+__all__ = [
+    "CHECKPOINT_CORRUPT_TOTAL",
+    "CLAIM_OPERATIONS_TOTAL",
+    "PREPARED_CLAIMS",
+    "REGISTERED",
+    "REGISTRATION_NOTIFICATIONS_TOTAL",
+    "RPC_SECONDS",
+]
+
+REGISTERED = Gauge(
+    "fractional_plugin_registered",
+    "1 when the kubelet's last NotifyRegistrationStatus said the plugin is registered, else 0",
+)
+REGISTRATION_NOTIFICATIONS_TOTAL = Counter(
+    "fractional_plugin_registration_notifications",
+    "NotifyRegistrationStatus calls received from the kubelet",
+    ["registered"],
+)
+RPC_SECONDS = Histogram(
+    "fractional_plugin_rpc_seconds",
+    "Duration of kubelet-facing RPCs",
+    ["service", "method"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 45.0),
+)
+CLAIM_OPERATIONS_TOTAL = Counter(
+    "fractional_plugin_claim_operations",
+    "Per-claim prepare/unprepare outcomes",
+    ["operation", "result"],
+)
+CHECKPOINT_CORRUPT_TOTAL = Counter(
+    "fractional_plugin_checkpoint_corrupt",
+    "Checkpoint files found corrupt and set aside",
+)
+PREPARED_CLAIMS = Gauge("fractional_plugin_prepared_claims", "Claims in the checkpoint")
