@@ -1,0 +1,220 @@
+"""The controller's view of the cluster, filled only by the watchers (and by what the worker itself
+just wrote, the "assume" step), plus the allocator's incremental ``ClusterState``.
+
+One re-entrant lock guards everything; the worker holds it while it decides (pure CPU work, the
+allocator included) and never across an API call. Stale events (an older resourceVersion than
+what we already hold, e.g. a watch event that trails our own write) are ignored, like upstream's
+assume cache.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from enum import StrEnum
+from typing import Any
+
+from driver.allocator import ClusterState
+from driver.controller.objects import (
+    GANG_LABEL,
+    GangKey,
+    ObjectKey,
+    Resources,
+    gang_key_of,
+    is_gated,
+    is_terminated,
+    object_key,
+    pod_claim_refs,
+    pod_requests,
+    resource_version_is_older,
+)
+
+__all__ = ["ClusterCache", "Kind"]
+
+
+class Kind(StrEnum):
+    SLICE = "resourceslices"
+    CLASS = "deviceclasses"
+    CLAIM = "resourceclaims"
+    POD = "pods"
+    NODE = "nodes"
+
+
+def _rv(obj: dict[str, Any] | None) -> str | None:
+    return None if obj is None else (obj.get("metadata") or {}).get("resourceVersion")
+
+
+def _uid(obj: dict[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("uid") or object_key(obj))
+
+
+class ClusterCache:
+    def __init__(self, *, topology_label: str) -> None:
+        self.lock = threading.RLock()
+        self.state = ClusterState(topology_label=topology_label)
+        self._objects: dict[Kind, dict[ObjectKey, dict[str, Any]]] = {kind: {} for kind in Kind}
+        self._gang_pods: dict[GangKey, set[ObjectKey]] = defaultdict(set)
+        self._pod_gang: dict[ObjectKey, GangKey] = {}
+        self._claim_users: dict[ObjectKey, set[ObjectKey]] = defaultdict(set)
+        self._pod_claims: dict[ObjectKey, tuple[ObjectKey, ...]] = {}
+        self._bound: dict[ObjectKey, tuple[str, Resources]] = {}
+        self._usage: dict[str, Resources] = defaultdict(Resources)
+        self._placed: dict[ObjectKey, tuple[str, Resources]] = {}
+
+    # -- updates (watchers, and the worker's assume step) ------------------------------------------
+
+    def apply(self, kind: Kind, event_type: str, obj: dict[str, Any]) -> tuple[bool, dict[str, Any] | None]:
+        """Apply one watch event; returns (applied, the object held before)."""
+        key = object_key(obj)
+        with self.lock:
+            old = self._objects[kind].get(key)
+            if event_type == "DELETED":
+                if old is None or (_uid(old) != _uid(obj) and resource_version_is_older(_rv(obj), _rv(old))):
+                    return False, old
+                del self._objects[kind][key]
+                self._on_removed(kind, key, old)
+                return True, old
+            if old is not None and _uid(old) == _uid(obj) and resource_version_is_older(_rv(obj), _rv(old)):
+                return False, old
+            self._objects[kind][key] = obj
+            self._on_stored(kind, key, obj, old)
+            return True, old
+
+    def replace(self, kind: Kind, objs: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+        """A fresh LIST: store it and drop what is gone. Returns the changes as synthetic events."""
+        changes: list[tuple[str, dict[str, Any]]] = []
+        with self.lock:
+            fresh = {object_key(o) for o in objs}
+            for key, old in list(self._objects[kind].items()):
+                if key not in fresh:
+                    del self._objects[kind][key]
+                    self._on_removed(kind, key, old)
+                    changes.append(("DELETED", old))
+            for obj in objs:
+                applied, old = self.apply(kind, "MODIFIED", obj)
+                if applied and (old is None or _rv(old) != _rv(obj)):
+                    changes.append(("ADDED" if old is None else "MODIFIED", obj))
+        return changes
+
+    def _on_stored(self, kind: Kind, key: ObjectKey, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
+        if kind is Kind.SLICE:
+            self.state.upsert_slice(obj)
+        elif kind is Kind.CLASS:
+            self.state.upsert_class(obj)
+        elif kind is Kind.CLAIM:
+            if old is not None and _uid(old) != _uid(obj):
+                self.state.remove_claim(_uid(old))
+            self.state.upsert_claim(obj)
+        elif kind is Kind.NODE:
+            self.state.upsert_node(str(obj["metadata"]["name"]), dict(obj["metadata"].get("labels") or {}))
+        elif kind is Kind.POD:
+            self._index_pod(key, obj)
+
+    def _on_removed(self, kind: Kind, key: ObjectKey, old: dict[str, Any]) -> None:
+        if kind is Kind.SLICE:
+            self.state.remove_slice(str(old["metadata"]["name"]))
+        elif kind is Kind.CLASS:
+            self.state.remove_class(str(old["metadata"]["name"]))
+        elif kind is Kind.CLAIM:
+            self.state.remove_claim(_uid(old))
+        elif kind is Kind.NODE:
+            self.state.remove_node(str(old["metadata"]["name"]))
+        elif kind is Kind.POD:
+            self._unindex_pod(key)
+            self._drop_placement(key)
+
+    def _unindex_pod(self, key: ObjectKey) -> None:
+        gang = self._pod_gang.pop(key, None)
+        if gang is not None:
+            self._gang_pods[gang].discard(key)
+            if not self._gang_pods[gang]:
+                del self._gang_pods[gang]
+        for claim_key in self._pod_claims.pop(key, ()):
+            self._claim_users[claim_key].discard(key)
+            if not self._claim_users[claim_key]:
+                del self._claim_users[claim_key]
+        bound = self._bound.pop(key, None)
+        if bound is not None:
+            node, requests = bound
+            self._usage[node] = self._usage[node] - requests
+
+    def _drop_placement(self, key: ObjectKey) -> None:
+        placed = self._placed.pop(key, None)
+        if placed is not None:
+            node, requests = placed
+            self._usage[node] = self._usage[node] - requests
+
+    def _index_pod(self, key: ObjectKey, pod: dict[str, Any]) -> None:
+        self._unindex_pod(key)
+        if is_terminated(pod) or (pod.get("spec") or {}).get("nodeName"):
+            self._drop_placement(key)  # bound (now counted as bound) or finished
+        if is_terminated(pod):
+            return
+        labels = (pod.get("metadata") or {}).get("labels") or {}
+        if is_gated(pod) or labels.get(GANG_LABEL):
+            gang = gang_key_of(pod)
+            self._pod_gang[key] = gang
+            self._gang_pods[gang].add(key)
+        namespace = (pod.get("metadata") or {}).get("namespace")
+        claim_keys = tuple(
+            ObjectKey(f"{namespace}/{ref.claim_name}") for ref in pod_claim_refs(pod) if ref.claim_name
+        )
+        self._pod_claims[key] = claim_keys
+        for claim_key in claim_keys:
+            self._claim_users[claim_key].add(key)
+        node = (pod.get("spec") or {}).get("nodeName")
+        if node:
+            requests = pod_requests(pod)
+            self._bound[key] = (node, requests)
+            self._usage[node] = self._usage[node] + requests
+
+    def assume_placement(self, pod_key: str, node: str, requests: Resources) -> None:
+        """Count a pod we ungated on ``node`` until kube-scheduler binds it (or it goes away)."""
+        key = ObjectKey(pod_key)
+        with self.lock:
+            if key not in self._objects[Kind.POD] or key in self._bound:
+                return
+            self._drop_placement(key)
+            self._placed[key] = (node, requests)
+            self._usage[node] = self._usage[node] + requests
+
+    # -- reads (callers that need several to agree hold ``lock``) ------------------------------------
+
+    def get(self, kind: Kind, key: str) -> dict[str, Any] | None:
+        with self.lock:
+            return self._objects[kind].get(ObjectKey(key))
+
+    def objects(self, kind: Kind) -> list[dict[str, Any]]:
+        with self.lock:
+            return list(self._objects[kind].values())
+
+    def count(self, kind: Kind) -> int:
+        with self.lock:
+            return len(self._objects[kind])
+
+    def gang_pods(self, gang: GangKey) -> list[dict[str, Any]]:
+        with self.lock:
+            pods = [self._objects[Kind.POD][k] for k in self._gang_pods.get(gang, ())]
+        return sorted(pods, key=lambda p: str(p["metadata"]["name"]))
+
+    def gang_of_pod(self, pod_key: str) -> GangKey | None:
+        with self.lock:
+            return self._pod_gang.get(ObjectKey(pod_key))
+
+    def gated_gangs(self) -> list[GangKey]:
+        with self.lock:
+            return [
+                gang
+                for gang, keys in self._gang_pods.items()
+                if any(is_gated(self._objects[Kind.POD][k]) for k in keys)
+            ]
+
+    def claim_users(self, claim_key: str) -> list[dict[str, Any]]:
+        """Non-terminated pods whose spec (or template status) names this claim."""
+        with self.lock:
+            return [self._objects[Kind.POD][k] for k in self._claim_users.get(ObjectKey(claim_key), ())]
+
+    def node_usage(self, node: str) -> Resources:
+        """Requests of the non-terminated pods bound to ``node`` or placed there by us."""
+        with self.lock:
+            return self._usage.get(node, Resources())

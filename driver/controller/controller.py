@@ -1,0 +1,262 @@
+"""The allocation controller: five watchers fill the cache and enqueue keys; ONE worker takes keys
+off the queue and reconciles them (``reconcile.py``).
+
+Keys are ``gang:<namespace>/<gang>`` and ``claim:<namespace>/<name>``. A gang that did not fit is
+queued again when capacity may have grown (a slice, node or class changed, a claim lost its
+allocation or went away) and on the periodic resync.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+from kubernetes import client
+
+from driver.controller.cache import ClusterCache, Kind
+from driver.controller.events import EventRecorder
+from driver.controller.explain import share_memory_requests
+from driver.controller.metrics import ControllerMetrics
+from driver.controller.objects import (
+    FINALIZER,
+    GangKey,
+    gang_key_of,
+    has_finalizer,
+    is_gated,
+    is_terminated,
+    object_key,
+    pod_claim_refs,
+)
+from driver.controller.reconcile import Reconciler, ReconcilerSettings
+from driver.controller.watch import Watcher
+from driver.controller.workqueue import WorkQueue
+from driver.controller.writer import ApiWriter, HaltWrites, WriteHook
+from driver.errors import FractionalError
+from driver.kube import new_api_client
+
+__all__ = ["Controller"]
+
+log = logging.getLogger(__name__)
+
+GANG_PREFIX = "gang:"
+CLAIM_PREFIX = "claim:"
+WATCH_ORDER = (Kind.CLASS, Kind.NODE, Kind.SLICE, Kind.CLAIM, Kind.POD)  # pods last: they reference the rest
+
+
+def _node_view(node: dict[str, Any] | None) -> Any:
+    if node is None:
+        return None
+    return (node["metadata"].get("labels"), node.get("spec"), (node.get("status") or {}).get("allocatable"))
+
+
+class Controller:
+    def __init__(
+        self,
+        *,
+        configuration: client.Configuration,
+        settings: ReconcilerSettings,
+        identity: str = "",
+        metrics: ControllerMetrics | None = None,
+        write_hook: WriteHook | None = None,
+        watch_timeout_seconds: int = 60,
+        resync_seconds: float = 30.0,
+        metrics_refresh_seconds: float = 2.0,
+    ) -> None:
+        self._configuration = configuration
+        self.settings = settings
+        self.identity = identity
+        self.metrics = metrics or ControllerMetrics()
+        self._write_hook = write_hook
+        self._watch_timeout_seconds = watch_timeout_seconds
+        self._resync_seconds = resync_seconds
+        self._metrics_refresh_seconds = metrics_refresh_seconds
+        self.stop_event = threading.Event()
+        self.cache = ClusterCache(topology_label=settings.topology_label)
+        self.queue = WorkQueue()
+        self._generation_lock = threading.Lock()
+        self._capacity_generation = 0
+        self._gate_seen: dict[str, float] = {}
+        self.watchers = [
+            Watcher(
+                kind=kind,
+                configuration=configuration,
+                cache=self.cache,
+                on_event=self._on_event,
+                stop=self.stop_event,
+                watch_timeout_seconds=watch_timeout_seconds,
+            )
+            for kind in WATCH_ORDER
+        ]
+        self._worker = threading.Thread(target=self._run_worker, name="allocation-worker", daemon=True)
+        self.reconciler: Reconciler | None = None
+        self.halted = threading.Event()
+
+    # -- lifecycle ------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        for watcher in self.watchers:
+            watcher.start()
+        self._worker.start()
+
+    def wait_synced(self, timeout_seconds: float) -> bool:
+        deadline = time.monotonic() + timeout_seconds
+        return all(w.synced.wait(max(0.0, deadline - time.monotonic())) for w in self.watchers)
+
+    def stop(self, timeout_seconds: float = 10.0) -> None:
+        self.stop_event.set()
+        self.queue.shut_down()
+        for watcher in self.watchers:
+            watcher.interrupt()
+        deadline = time.monotonic() + timeout_seconds
+        for thread in [*self.watchers, self._worker]:
+            if thread.is_alive():
+                thread.join(max(0.0, deadline - time.monotonic()))
+
+    def healthy(self) -> bool:
+        return self._worker.is_alive() and all(w.is_alive() for w in self.watchers)
+
+    @property
+    def latencies(self) -> list[float]:
+        return self.reconciler.latencies if self.reconciler else []
+
+    # -- watch events (watcher threads: cheap, no API calls) ----------------------------------------------
+
+    def _bump_capacity(self) -> None:
+        with self._generation_lock:
+            self._capacity_generation += 1
+        if self.reconciler is not None:
+            for gang in self.reconciler.unschedulable_gangs():
+                self.queue.add(GANG_PREFIX + gang)
+
+    def capacity_generation(self) -> int:
+        with self._generation_lock:
+            return self._capacity_generation
+
+    def _on_event(self, kind: Kind, event_type: str, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
+        if kind is Kind.POD:
+            self._on_pod(event_type, obj, old)
+        elif kind is Kind.CLAIM:
+            self._on_claim(event_type, obj, old)
+        elif kind is Kind.NODE:
+            if event_type == "DELETED" or _node_view(obj) != _node_view(old):
+                self._bump_capacity()
+        else:  # slices and classes
+            self._bump_capacity()
+
+    def _on_pod(self, event_type: str, pod: dict[str, Any], old: dict[str, Any] | None) -> None:
+        key = str(object_key(pod))
+        gone = event_type == "DELETED" or is_terminated(pod)
+        if is_gated(pod) and not gone:
+            self._gate_seen.setdefault(key, time.monotonic())
+            self.queue.add(GANG_PREFIX + gang_key_of(pod))
+        elif old is not None and is_gated(old):
+            self.queue.add(GANG_PREFIX + gang_key_of(old))
+        if gone:
+            self._gate_seen.pop(key, None)
+            namespace = pod["metadata"].get("namespace")
+            for ref in pod_claim_refs(pod):
+                if ref.claim_name:
+                    self.queue.add(f"{CLAIM_PREFIX}{namespace}/{ref.claim_name}")
+            if (pod.get("spec") or {}).get("nodeName") or (old and (old.get("spec") or {}).get("nodeName")):
+                self._bump_capacity()  # CPU/memory freed on a node
+
+    def _on_claim(self, event_type: str, claim: dict[str, Any], old: dict[str, Any] | None) -> None:
+        key = str(object_key(claim))
+        ours = has_finalizer(claim) or (old is not None and has_finalizer(old))
+        if ours:
+            self.queue.add(CLAIM_PREFIX + key)
+        was_allocated = old is not None and bool((old.get("status") or {}).get("allocation"))
+        is_allocated = event_type != "DELETED" and bool((claim.get("status") or {}).get("allocation"))
+        if was_allocated and not is_allocated:
+            self._bump_capacity()
+        if event_type != "DELETED":
+            for user in self.cache.claim_users(key):
+                if is_gated(user):
+                    self.queue.add(GANG_PREFIX + gang_key_of(user))
+
+    # -- the worker -----------------------------------------------------------------------------------
+
+    def _resync(self) -> None:
+        for gang in self.cache.gated_gangs():
+            self.queue.add(GANG_PREFIX + gang)
+        for claim in self.cache.objects(Kind.CLAIM):
+            if FINALIZER in (claim["metadata"].get("finalizers") or ()):
+                self.queue.add(CLAIM_PREFIX + str(object_key(claim)))
+
+    def refresh_metrics(self) -> None:
+        with self.cache.lock:
+            free = self.cache.state.free_summary()
+            gangs = self.cache.gated_gangs()
+            pending_claims = []
+            for gang in gangs:
+                for pod in self.cache.gang_pods(gang):
+                    namespace = pod["metadata"]["namespace"]
+                    for ref in pod_claim_refs(pod):
+                        claim = (
+                            self.cache.get(Kind.CLAIM, f"{namespace}/{ref.claim_name}")
+                            if ref.claim_name
+                            else None
+                        )
+                        if claim is not None and not (claim.get("status") or {}).get("allocation"):
+                            pending_claims.append(claim)
+        self.metrics.gangs_pending.set(len(gangs))
+        self.metrics.observe_capacity(free, share_memory_requests(pending_claims))
+
+    def _run_worker(self) -> None:
+        api_client = new_api_client(self._configuration)
+        self.reconciler = Reconciler(
+            cache=self.cache,
+            writer=ApiWriter(api_client, hook=self._write_hook),
+            recorder=EventRecorder(api_client, identity=self.identity),
+            metrics=self.metrics,
+            settings=self.settings,
+            capacity_generation=self.capacity_generation,
+            gate_seen=self._gate_seen,
+        )
+        try:
+            for watcher in self.watchers:  # decide only on a complete view
+                while not watcher.synced.wait(0.1):
+                    if self.stop_event.is_set():
+                        return
+            self._resync()
+            next_resync = time.monotonic() + self._resync_seconds
+            next_metrics = time.monotonic()
+            while not self.stop_event.is_set():
+                now = time.monotonic()
+                if now >= next_metrics:
+                    self.refresh_metrics()
+                    next_metrics = now + self._metrics_refresh_seconds
+                if now >= next_resync:
+                    self._resync()
+                    next_resync = now + self._resync_seconds
+                key = self.queue.get(timeout_seconds=max(0.01, min(next_resync, next_metrics) - now))
+                if key is None:
+                    continue
+                self._process(key)
+        except HaltWrites:
+            log.warning("worker halted by a write hook (simulated crash)")
+            self.halted.set()
+        finally:
+            api_client.close()
+
+    def _process(self, key: str) -> None:
+        assert self.reconciler is not None
+        try:
+            if key.startswith(GANG_PREFIX):
+                again = self.reconciler.reconcile_gang(GangKey(key[len(GANG_PREFIX) :]))
+                if again:
+                    self.queue.add(key)
+            else:
+                self.reconciler.reconcile_claim(key[len(CLAIM_PREFIX) :])
+            self.queue.forget(key)
+        except HaltWrites:
+            raise
+        except FractionalError as error:  # 409, 5xx, refused, rejected: back off and decide again
+            delay = self.queue.add_rate_limited(key)
+            self.metrics.decisions.labels(outcome="retry").inc()
+            log.info("requeued", extra={"key": key, "error": str(error), "delay_seconds": round(delay, 3)})
+        except Exception:  # a bug: log it once with its traceback, back off, keep serving the other keys
+            log.exception("reconcile failed", extra={"key": key})
+            self.queue.add_rate_limited(key)

@@ -1,0 +1,216 @@
+"""Leader election on a ``coordination.k8s.io/v1`` Lease: small, stoppable, with an injected clock.
+
+Semantics follow client-go's resourcelock: a candidate takes the lease when it has no holder or
+when the record it observed has not changed for ``leaseDurationSeconds`` *by the candidate's own
+monotonic clock* (no trust in other machines' wall clocks); the leader renews every
+``retry_period`` and gives up when no renewal succeeded within ``renew_deadline``. Every write
+carries the lease's resourceVersion, so two candidates never both win one round. On a clean stop
+the leader releases the lease (holder cleared, duration 1 s) so a successor starts at once.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from kubernetes import client
+
+from driver.errors import ConflictError, FractionalError, NotFoundError, TransientError
+from driver.kube import REQUEST_TIMEOUT_SECONDS, api_errors
+
+__all__ = ["Clock", "LeaderElector", "SystemClock"]
+
+log = logging.getLogger(__name__)
+
+
+class Clock(Protocol):
+    def monotonic(self) -> float: ...
+
+    def now(self) -> datetime: ...
+
+
+class SystemClock:
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def now(self) -> datetime:
+        return datetime.now(UTC)
+
+
+def _micro_time(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class LeaderElector:
+    """``step()`` is one acquire-or-renew round (tests drive it with a fake clock); ``run()`` loops it
+    on the calling thread until ``stop`` or until leadership is lost."""
+
+    def __init__(
+        self,
+        *,
+        api_client: client.ApiClient,
+        name: str,
+        namespace: str,
+        identity: str,
+        lease_duration_seconds: float,
+        renew_deadline_seconds: float,
+        retry_period_seconds: float,
+        clock: Clock | None = None,
+    ) -> None:
+        self._api = client.CoordinationV1Api(api_client)
+        self.name = name
+        self.namespace = namespace
+        self.identity = identity
+        self._lease_duration_seconds = lease_duration_seconds
+        self._renew_deadline_seconds = renew_deadline_seconds
+        self._retry_period_seconds = retry_period_seconds
+        self._clock: Clock = clock or SystemClock()
+        self._observed: tuple[Any, ...] | None = None
+        self._observed_at = 0.0
+        self._last_renew: float | None = None
+        self._lease: dict[str, Any] | None = None
+        self.leading = threading.Event()
+        self.lost = threading.Event()
+
+    # -- one round ------------------------------------------------------------------------------------
+
+    def _read(self) -> dict[str, Any] | None:
+        try:
+            with api_errors(f"get Lease {self.namespace}/{self.name}"):
+                response = self._api.read_namespaced_lease(
+                    self.name,
+                    self.namespace,
+                    _preload_content=False,
+                    _request_timeout=REQUEST_TIMEOUT_SECONDS,
+                )
+        except NotFoundError:
+            return None
+        lease: dict[str, Any] = json.loads(response.data)
+        return lease
+
+    def _spec(self, previous: dict[str, Any]) -> dict[str, Any]:
+        now = _micro_time(self._clock.now())
+        ours = previous.get("holderIdentity") == self.identity
+        return {
+            "holderIdentity": self.identity,
+            "leaseDurationSeconds": max(1, math.ceil(self._lease_duration_seconds)),
+            "acquireTime": previous.get("acquireTime") if ours and previous.get("acquireTime") else now,
+            "renewTime": now,
+            "leaseTransitions": int(previous.get("leaseTransitions") or 0) + (0 if ours else 1),
+        }
+
+    def step(self) -> bool:
+        """Try to acquire or renew once; True when we hold the lease afterwards."""
+        now = self._clock.monotonic()
+        lease = self._read()
+        what = f"Lease {self.namespace}/{self.name}"
+        if lease is None:
+            body = {
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {"name": self.name, "namespace": self.namespace},
+                "spec": {**self._spec({}), "leaseTransitions": 0},
+            }
+            try:
+                with api_errors(f"create {what}"):
+                    response = self._api.create_namespaced_lease(
+                        self.namespace, body, _preload_content=False, _request_timeout=REQUEST_TIMEOUT_SECONDS
+                    )
+            except ConflictError:
+                return False  # another candidate created it first
+            return self._won(json.loads(response.data), now)
+        spec = lease.get("spec") or {}
+        record = (spec.get("holderIdentity"), spec.get("renewTime"), spec.get("leaseDurationSeconds"))
+        if record != self._observed:
+            self._observed, self._observed_at = record, now
+        holder = spec.get("holderIdentity")
+        duration = float(spec.get("leaseDurationSeconds") or self._lease_duration_seconds)
+        if holder and holder != self.identity and self._observed_at + duration > now:
+            return False
+        body = copy.deepcopy(lease)
+        body["spec"] = self._spec(spec)
+        try:
+            with api_errors(f"update {what}"):
+                response = self._api.replace_namespaced_lease(
+                    self.name,
+                    self.namespace,
+                    body,
+                    _preload_content=False,
+                    _request_timeout=REQUEST_TIMEOUT_SECONDS,
+                )
+        except ConflictError:
+            return False
+        return self._won(json.loads(response.data), now)
+
+    def _won(self, lease: dict[str, Any], now: float) -> bool:
+        spec = lease.get("spec") or {}
+        self._lease = lease
+        self._observed = (spec.get("holderIdentity"), spec.get("renewTime"), spec.get("leaseDurationSeconds"))
+        self._observed_at = now
+        self._last_renew = now
+        return True
+
+    def renew_overdue(self) -> bool:
+        """True when we led and no renewal has succeeded within the renew deadline."""
+        return (
+            self._last_renew is not None
+            and self._clock.monotonic() - self._last_renew > self._renew_deadline_seconds
+        )
+
+    # -- the loop -------------------------------------------------------------------------------------
+
+    def run(self, stop: threading.Event, on_lost: Callable[[], None] | None = None) -> None:
+        """Acquire, then renew every retry period; on a missed renew deadline set ``lost`` and return."""
+        while not stop.is_set():
+            try:
+                held = self.step()
+            except FractionalError as error:  # 5xx, refused, or rejected: keep trying until the deadline
+                log.warning("lease round failed", extra={"lease": self.name, "error": str(error)})
+                held = False
+            if held and not self.leading.is_set():
+                log.info("became leader", extra={"lease": self.name, "identity": self.identity})
+                self.leading.set()
+            if self.leading.is_set() and not held and self.renew_overdue():
+                log.error("leadership lost", extra={"lease": self.name, "identity": self.identity})
+                self.leading.clear()
+                self.lost.set()
+                if on_lost is not None:
+                    on_lost()
+                return
+            stop.wait(self._retry_period_seconds)
+
+    def release(self) -> None:
+        """Give the lease up if we hold it (clean stop)."""
+        if not self.leading.is_set() or self._lease is None:
+            return
+        self.leading.clear()
+        lease = self._read()
+        if lease is None or (lease.get("spec") or {}).get("holderIdentity") != self.identity:
+            return
+        body = copy.deepcopy(lease)
+        now = _micro_time(self._clock.now())
+        body["spec"] = {
+            "leaseDurationSeconds": 1,
+            "acquireTime": now,
+            "renewTime": now,
+            "leaseTransitions": int((lease.get("spec") or {}).get("leaseTransitions") or 0),
+        }
+        try:
+            with api_errors(f"release Lease {self.namespace}/{self.name}"):
+                self._api.replace_namespaced_lease(
+                    self.name,
+                    self.namespace,
+                    body,
+                    _preload_content=False,
+                    _request_timeout=REQUEST_TIMEOUT_SECONDS,
+                )
+            log.info("lease released", extra={"lease": self.name, "identity": self.identity})
+        except (ConflictError, TransientError) as error:  # it expires on its own
+            log.warning("lease not released", extra={"lease": self.name, "error": str(error)})

@@ -1,0 +1,113 @@
+"""``fractional controller``: metrics server, optional leader election, the controller; exit codes.
+
+Returns 0 after a clean stop (SIGTERM), 1 when leadership was lost (the process must exit so that
+nothing it still had in flight is written by a non-leader; the Deployment restarts it).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from driver.config import ControllerConfig
+from driver.controller.controller import Controller
+from driver.controller.elector import Clock, LeaderElector
+from driver.controller.metrics import ControllerMetrics, MetricsServer
+from driver.controller.reconcile import ReconcilerSettings
+from driver.controller.writer import WriteHook
+from driver.kube import load_configuration, new_api_client
+
+__all__ = ["run_controller"]
+
+log = logging.getLogger(__name__)
+
+POLL_SECONDS = 0.1
+
+
+def settings_from_config(config: ControllerConfig) -> ReconcilerSettings:
+    return ReconcilerSettings(
+        policy=config.policy,
+        hint_profiles=config.hint_profiles,
+        provisioning_requests=config.provisioning_requests,
+        provisioning_class=config.provisioning_class,
+        topology_label=config.topology_label,
+    )
+
+
+def run_controller(
+    config: ControllerConfig,
+    stop: threading.Event,
+    *,
+    write_hook: WriteHook | None = None,
+    clock: Clock | None = None,
+    started: threading.Event | None = None,
+) -> int:
+    """Run until ``stop`` is set (0) or leadership is lost (1). ``write_hook``, ``clock`` and
+    ``started`` (set once this replica leads and its controller runs) are for tests."""
+    configuration = load_configuration(config.kubeconfig)
+    metrics = ControllerMetrics()
+    controller: Controller | None = None
+
+    def healthy() -> bool:
+        return controller is None or controller.healthy()
+
+    server = None
+    if config.metrics_port:
+        server = MetricsServer(metrics, host=config.metrics_host, port=config.metrics_port, healthy=healthy)
+        server.start()
+    elector: LeaderElector | None = None
+    elector_thread: threading.Thread | None = None
+    elector_api = new_api_client(configuration) if config.leader_elect else None
+    elector_stop = threading.Event()
+    try:
+        if config.leader_elect:
+            assert elector_api is not None
+            elector = LeaderElector(
+                api_client=elector_api,
+                name=config.lease_name,
+                namespace=config.lease_namespace,
+                identity=config.identity,
+                lease_duration_seconds=config.lease_duration_seconds,
+                renew_deadline_seconds=config.renew_deadline_seconds,
+                retry_period_seconds=config.retry_period_seconds,
+                clock=clock,
+            )
+            elector_thread = threading.Thread(
+                target=elector.run, args=(elector_stop,), name="leader-elector", daemon=True
+            )
+            elector_thread.start()
+            while not (stop.is_set() or elector.leading.is_set() or elector.lost.is_set()):
+                stop.wait(POLL_SECONDS)
+            if stop.is_set() or elector.lost.is_set():
+                return 0 if stop.is_set() else 1
+            metrics.leader.set(1)
+        controller = Controller(
+            configuration=configuration, settings=settings_from_config(config), identity=config.identity,
+            metrics=metrics, write_hook=write_hook,
+        )  # fmt: skip
+        controller.start()
+        log.info("controller started", extra={"identity": config.identity, "policy": config.policy})
+        if started is not None:
+            started.set()
+        while not stop.is_set():
+            if elector is not None and elector.lost.is_set():
+                log.error("leadership lost, stopping", extra={"identity": config.identity})
+                return 1
+            if controller.halted.is_set():
+                stop.wait(POLL_SECONDS)  # a simulated crash: stay down until told to stop
+                continue
+            stop.wait(POLL_SECONDS)
+        return 0
+    finally:
+        if controller is not None:
+            controller.stop()
+        elector_stop.set()
+        if elector_thread is not None:
+            elector_thread.join(timeout=10)
+        if elector is not None and not elector.lost.is_set():
+            elector.release()
+        metrics.leader.set(0)
+        if elector_api is not None:
+            elector_api.close()
+        if server is not None:
+            server.stop()

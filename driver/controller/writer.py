@@ -1,0 +1,185 @@
+"""Every API write the controller makes, each one guarded by the object's resourceVersion.
+
+Order for a gang (the worker drives it): our finalizer on each claim, then each claim's
+``status.allocation``, then the gate off each pod. A crash at any point leaves a state the next
+controller converges from: a finalizer without an allocation is dropped or reused, allocations of
+a gang whose pods are all still gated are released and redone (or, when complete, the pods are
+ungated). Removing a gate cannot be undone, so ungating is the commit point.
+
+A 409 surfaces as ``ConflictError``; callers re-read and re-decide.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes import client
+
+from driver.controller.objects import FINALIZER, GATE, object_key
+from driver.kube import REQUEST_TIMEOUT_SECONDS, api_errors
+
+__all__ = ["ApiWriter", "HaltWrites", "WriteHook", "WriteRecord"]
+
+log = logging.getLogger(__name__)
+
+MERGE_PATCH = "application/merge-patch+json"
+
+
+class HaltWrites(Exception):
+    """Raised by a write hook (tests): the worker stops on the spot without undoing anything, as if
+    the process had been killed after that write."""
+
+
+@dataclass(frozen=True, slots=True)
+class WriteRecord:
+    action: str  # add-finalizer | remove-finalizer | allocate | deallocate | ungate | annotate
+    key: str
+
+
+WriteHook = Callable[[WriteRecord], None]
+
+
+def _body(response: Any) -> dict[str, Any]:
+    result: dict[str, Any] = json.loads(response.data)
+    return result
+
+
+class ApiWriter:
+    """Owns the worker thread's ``ApiClient``; every method returns the object as the server stored it."""
+
+    def __init__(self, api_client: client.ApiClient, *, hook: WriteHook | None = None) -> None:
+        self._resource = client.ResourceV1Api(api_client)
+        self._core = client.CoreV1Api(api_client)
+        self._hook = hook
+        self.writes = 0
+
+    def _done(self, action: str, key: str) -> None:
+        self.writes += 1
+        if self._hook is not None:
+            self._hook(WriteRecord(action=action, key=key))
+
+    # -- claims -------------------------------------------------------------------------------------
+
+    def read_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        with api_errors(f"get ResourceClaim {namespace}/{name}"):
+            return _body(
+                self._resource.read_namespaced_resource_claim(
+                    name, namespace, _preload_content=False, _request_timeout=REQUEST_TIMEOUT_SECONDS
+                )
+            )
+
+    def _replace_claim(self, claim: dict[str, Any], what: str) -> dict[str, Any]:
+        meta = claim["metadata"]
+        with api_errors(f"{what} ResourceClaim {meta['namespace']}/{meta['name']}"):
+            return _body(
+                self._resource.replace_namespaced_resource_claim(
+                    meta["name"],
+                    meta["namespace"],
+                    claim,
+                    _preload_content=False,
+                    _request_timeout=REQUEST_TIMEOUT_SECONDS,
+                )
+            )
+
+    def _replace_claim_status(self, claim: dict[str, Any], what: str) -> dict[str, Any]:
+        meta = claim["metadata"]
+        with api_errors(f"{what} ResourceClaim {meta['namespace']}/{meta['name']} status"):
+            return _body(
+                self._resource.replace_namespaced_resource_claim_status(
+                    meta["name"],
+                    meta["namespace"],
+                    claim,
+                    _preload_content=False,
+                    _request_timeout=REQUEST_TIMEOUT_SECONDS,
+                )
+            )
+
+    def add_finalizer(self, claim: dict[str, Any]) -> dict[str, Any]:
+        finalizers = list(claim["metadata"].get("finalizers") or ())
+        if FINALIZER in finalizers:
+            return claim
+        body = copy.deepcopy(claim)
+        body["metadata"]["finalizers"] = [*finalizers, FINALIZER]
+        stored = self._replace_claim(body, "add finalizer to")
+        self._done("add-finalizer", object_key(claim))
+        return stored
+
+    def remove_finalizer(self, claim: dict[str, Any]) -> dict[str, Any]:
+        finalizers = list(claim["metadata"].get("finalizers") or ())
+        if FINALIZER not in finalizers:
+            return claim
+        body = copy.deepcopy(claim)
+        body["metadata"]["finalizers"] = [f for f in finalizers if f != FINALIZER]
+        stored = self._replace_claim(body, "remove finalizer from")
+        self._done("remove-finalizer", object_key(claim))
+        return stored
+
+    def write_allocation(self, claim: dict[str, Any], allocation: dict[str, Any]) -> dict[str, Any]:
+        body = copy.deepcopy(claim)
+        body.setdefault("status", {})["allocation"] = allocation
+        stored = self._replace_claim_status(body, "allocate")
+        self._done("allocate", object_key(claim))
+        return stored
+
+    def clear_allocation(self, claim: dict[str, Any]) -> dict[str, Any]:
+        body = copy.deepcopy(claim)
+        status = body.setdefault("status", {})
+        status.pop("allocation", None)
+        status.pop("devices", None)  # device status entries must match an allocated result
+        stored = self._replace_claim_status(body, "deallocate")
+        self._done("deallocate", object_key(claim))
+        return stored
+
+    # -- pods ---------------------------------------------------------------------------------------
+
+    def read_pod(self, namespace: str, name: str) -> dict[str, Any]:
+        with api_errors(f"get Pod {namespace}/{name}"):
+            return _body(
+                self._core.read_namespaced_pod(
+                    name, namespace, _preload_content=False, _request_timeout=REQUEST_TIMEOUT_SECONDS
+                )
+            )
+
+    def ungate_pod(self, pod: dict[str, Any]) -> dict[str, Any]:
+        """Remove our scheduling gate (others stay), guarded by the pod's resourceVersion."""
+        gates = list((pod.get("spec") or {}).get("schedulingGates") or ())
+        remaining = [g for g in gates if g.get("name") != GATE]
+        if len(remaining) == len(gates):
+            return pod
+        body = copy.deepcopy(pod)
+        body["spec"]["schedulingGates"] = remaining
+        meta = pod["metadata"]
+        with api_errors(f"remove scheduling gate from Pod {meta['namespace']}/{meta['name']}"):
+            stored = _body(
+                self._core.replace_namespaced_pod(
+                    meta["name"],
+                    meta["namespace"],
+                    body,
+                    _preload_content=False,
+                    _request_timeout=REQUEST_TIMEOUT_SECONDS,
+                )
+            )
+        self._done("ungate", object_key(pod))
+        return stored
+
+    def annotate_pod(self, pod: dict[str, Any], annotations: dict[str, str | None]) -> dict[str, Any]:
+        """Merge-patch annotations (None removes one); annotations are ours alone, no version guard."""
+        meta = pod["metadata"]
+        with api_errors(f"annotate Pod {meta['namespace']}/{meta['name']}"):
+            stored = _body(
+                self._core.patch_namespaced_pod(
+                    meta["name"],
+                    meta["namespace"],
+                    {"metadata": {"annotations": annotations}},
+                    _content_type=MERGE_PATCH,
+                    _preload_content=False,
+                    _request_timeout=REQUEST_TIMEOUT_SECONDS,
+                )
+            )
+        self._done("annotate", object_key(pod))
+        return stored
