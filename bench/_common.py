@@ -52,7 +52,12 @@ def summary(values: list[float]) -> dict[str, float]:
     if not values:
         return {"median": float("nan"), "p99": float("nan"), "iqr": float("nan"), "n": 0}
     q = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
-    return {"median": statistics.median(values), "p99": percentile(values, 99), "iqr": q[2] - q[0], "n": len(values)}
+    return {
+        "median": statistics.median(values),
+        "p99": percentile(values, 99),
+        "iqr": q[2] - q[0],
+        "n": len(values),
+    }
 
 
 def write_result(area: str, rows: list[dict[str, Any]], *, title: str, notes: str = "") -> Path:

@@ -101,7 +101,9 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
 
 def _add_backend_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", default=_env("--backend", "fake"), help="fake | nvml")
-    parser.add_argument("--profile", default=_env("--profile", None), help="fake node profile: file or shipped name")
+    parser.add_argument(
+        "--profile", default=_env("--profile", None), help="fake node profile: file or shipped name"
+    )
     parser.add_argument("--sysfs-root", default=_env("--sysfs-root", "/sys"))
 
 
@@ -158,8 +160,12 @@ def _build_parser() -> argparse.ArgumentParser:
     _add_common(p)
 
     p = sub.add_parser("plan", help="how many nodes of a profile a set of claims/gangs needs")
-    p.add_argument("--profile", default=_env("--profile", None), required=env_name("--profile") not in os.environ)
-    p.add_argument("--claims", default=_env("--claims", None), required=env_name("--claims") not in os.environ)
+    p.add_argument(
+        "--profile", default=_env("--profile", None), required=env_name("--profile") not in os.environ
+    )
+    p.add_argument(
+        "--claims", default=_env("--claims", None), required=env_name("--claims") not in os.environ
+    )
     p.add_argument("--policy", default=_env("--policy", "best-fit"))
     p.add_argument("-o", "--output", default=_env("--output", "table"))
     _add_common(p)
@@ -201,7 +207,10 @@ def _run_discover(args: argparse.Namespace) -> int:
         output=args.output,
     )
     inventory = discover_inventory(
-        backend=config.backend, profile=config.profile, sysfs_root=config.sysfs_root, node_name=config.node_name
+        backend=config.backend,
+        profile=config.profile,
+        sysfs_root=config.sysfs_root,
+        node_name=config.node_name,
     )
     if config.output == "table":
         print(render_inventory_table(inventory))

@@ -116,7 +116,9 @@ class ControllerConfig:
         _check_choice("--policy", self.policy, POLICIES)
         _check_port("--metrics-port", self.metrics_port)
         if self.leader_elect and not self.identity:
-            raise ConfigError(field="--identity (FRACTIONAL_IDENTITY)", problem="required with --leader-elect")
+            raise ConfigError(
+                field="--identity (FRACTIONAL_IDENTITY)", problem="required with --leader-elect"
+            )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

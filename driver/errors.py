@@ -34,7 +34,9 @@ class ConfigError(FractionalError):
 class InventoryError(FractionalError):
     """Device discovery failed or a profile is invalid: names the source, device and field."""
 
-    def __init__(self, *, source: str, problem: str, device: str | None = None, field: str | None = None) -> None:
+    def __init__(
+        self, *, source: str, problem: str, device: str | None = None, field: str | None = None
+    ) -> None:
         where = source
         if device:
             where += f": device {device}"
