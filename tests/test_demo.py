@@ -1,0 +1,139 @@
+"""`fractional demo` end to end, checked from the API, not from its text."""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from driver.kube import load_configuration, new_api_client
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _reader(stream: Any, lines: queue.Queue[str]) -> None:
+    for line in stream:
+        lines.put(line)
+    lines.put("")
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.timeout(300)
+def test_demo_small_scenario_outcome_in_the_api(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FRACTIONAL_")}
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "driver",
+            "demo",
+            "--scenario",
+            "small",
+            "--keep-running",
+            "--output-dir",
+            str(tmp_path / "out"),
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=_reader, args=(process.stdout, lines), daemon=True).start()
+    output: list[str] = []
+    kubeconfig: str | None = None
+    deadline = time.monotonic() + 240
+    try:
+        while kubeconfig is None and time.monotonic() < deadline:
+            try:
+                line = lines.get(timeout=1)
+            except queue.Empty:
+                continue
+            if line == "":
+                break
+            output.append(line)
+            if line.strip().startswith("kubeconfig:"):
+                kubeconfig = line.split(":", 1)[1].strip()
+        assert kubeconfig, "demo did not reach --keep-running:\n" + "".join(output)
+
+        api_client = new_api_client(load_configuration(kubeconfig))
+        resource = client.ResourceV1Api(api_client)
+        core = client.CoreV1Api(api_client)
+        claims = {
+            c["metadata"]["name"]: c
+            for c in (
+                api_client.sanitize_for_serialization(x)
+                for x in resource.list_namespaced_resource_claim("demo").items
+            )
+        }
+        slices = [api_client.sanitize_for_serialization(s) for s in resource.list_resource_slice().items]
+        attributes = {
+            (s["spec"]["pool"]["name"], d["name"]): d.get("attributes", {})
+            for s in slices
+            for d in s["spec"].get("devices", [])
+        }
+
+        def results(name: str) -> list[dict[str, Any]]:
+            allocation = (claims[name].get("status") or {}).get("allocation") or {}
+            return list((allocation.get("devices") or {}).get("results") or [])
+
+        inference = [n for n in claims if n.startswith("infer-")]
+        assert len(inference) == 6  # 6 created, one deleted and one new: infer-0, infer-2..infer-6
+        assert "infer-1-claim" not in claims
+        gpus = set()
+        for name in inference:
+            (result,) = results(name)
+            assert result["shareID"] and result["consumedCapacity"]["memory"] in ("12Gi", str(12 * 1024**3))
+            gpus.add((result["pool"], result["device"]))
+        assert len(gpus) < len(inference)  # shares packed: fewer GPUs than pods
+
+        for name in ("train-0-claim", "train-1-claim"):
+            gpu, nic = sorted(results(name), key=lambda r: r["request"])
+            assert (
+                attributes[(gpu["pool"], gpu["device"])]["resource.kubernetes.io/pcieRoot"]
+                == attributes[(nic["pool"], nic["device"])]["resource.kubernetes.io/pcieRoot"]
+            )
+            assert "shareID" not in gpu or gpu.get("consumedCapacity", {}).get("memory") is not None
+
+        big = [n for n in claims if n.startswith("big-")]
+        assert big and all(not results(n) for n in big)  # the gang that cannot fit has nothing
+        events = core.list_namespaced_event("demo").items
+        assert any(e.reason == "GangUnschedulable" for e in events)
+        big_pod = core.read_namespaced_pod("big-0", "demo")
+        assert big_pod.spec.scheduling_gates
+        assert (tmp_path / "out" / "packing.png").stat().st_size > 0
+    finally:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            raise
+    assert process.returncode == 0
+    assert kubeconfig is not None
+    runtime_dir = Path(kubeconfig).parent
+    assert not runtime_dir.exists(), "runtime dir (sockets, CDI files) left behind"
+    assert _processes_mentioning(str(runtime_dir)) == []
