@@ -1,0 +1,51 @@
+"""Structured allocator: upstream DRA semantics, best-fit placement, gangs (pure: dicts in, dicts out).
+
+Public API::
+
+    allocate(claims, *, slices, classes, allocated=(), node=None, policy="best-fit", nodes=None,
+             pod_groups=None, exclude_nodes=frozenset(), rng=None) -> list[dict] | None
+    ClusterState(topology_label="topology.kubernetes.io/zone")   # incremental, for the controller
+
+``allocate`` returns one ``status.allocation`` dict per claim, in order, or None when the claims cannot
+all be allocated; it raises AllocationError for what upstream treats as fatal. See DESIGN.md section 4.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from driver.allocator.state import ClusterState
+from driver.errors import AllocationError
+
+__all__ = ["AllocationError", "ClusterState", "allocate"]
+
+
+def allocate(
+    claims: Sequence[Mapping[str, Any]],
+    *,
+    slices: Iterable[Mapping[str, Any]],
+    classes: Iterable[Mapping[str, Any]],
+    allocated: Iterable[Mapping[str, Any]] = (),
+    node: str | None = None,
+    policy: str = "best-fit",
+    nodes: Mapping[str, Mapping[str, str]] | None = None,
+    pod_groups: Sequence[Sequence[int]] | None = None,
+    exclude_nodes: frozenset[str] | set[str] = frozenset(),
+    rng: random.Random | None = None,
+    topology_label: str = "topology.kubernetes.io/zone",
+) -> list[dict[str, Any]] | None:
+    """Allocate ``claims`` (a gang: all or none) on ``node``, or choose nodes when ``node`` is None."""
+    state = ClusterState(topology_label=topology_label)
+    for device_class in classes:
+        state.upsert_class(device_class)
+    for resource_slice in slices:
+        state.upsert_slice(resource_slice)
+    for name, labels in (nodes or {}).items():
+        state.upsert_node(name, labels)
+    for claim in allocated:
+        state.upsert_claim(claim)
+    return state.allocate(
+        claims, node=node, policy=policy, pod_groups=pod_groups, exclude_nodes=exclude_nodes, rng=rng
+    )

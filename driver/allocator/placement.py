@@ -1,0 +1,358 @@
+"""Placement: node mode (one node, like kube-scheduler's Filter) and cluster mode (choose nodes, gangs).
+
+Node mode runs the per-node search; best-fit first (bounded), then first-fit when best-fit finds
+nothing or runs out of budget, so best-fit never fails where first-fit succeeds.
+
+Cluster mode places pod groups (claims that must share a node) one after another, each tentatively
+applied to the ledger so later groups see it, and undoes everything unless every group fits (a gang is
+all-or-nothing). Candidate nodes come from the free-capacity index when every request of the group
+asks for the same indexed capacity (``memory``): only nodes with a device that has enough free are
+looked at, in best-fit order (shared devices with the least left, then unused ones); otherwise all nodes
+are scanned. Nodes that cannot take a group are remembered per (group signature, node version), and
+infeasible gangs are rejected by capacity pre-checks (total free, per-node free, devices per node)
+before any search. Multi-group gangs first try one node for everything, then prefer nodes the gang
+already uses, then nodes sharing the topology label value, then the nodes with the most free capacity.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from driver.allocator.model import Claim, parse_claim
+from driver.allocator.quantity import Number
+from driver.allocator.results import render_allocation
+from driver.allocator.search import BudgetExceeded, NodeSearch, Solution
+from driver.allocator.state import ClusterState, LedgerEntry
+from driver.errors import AllocationError
+
+__all__ = ["place"]
+
+BEST_FIT_BUDGET = 20_000
+FIRST_FIT_BUDGET = 2_000_000
+FEASIBLE_NODES_COMPARED = 8
+GANG_SINGLE_NODE_TRIES = 64
+
+
+class _InvalidPools(Exception):
+    """No solution on this node and one of its pools is invalid (node-local error upstream)."""
+
+
+def search_node(state: ClusterState, node: str, claims: Sequence[Claim], best_fit: bool) -> Solution | None:
+    view = state.view(node)
+    slots = sum(
+        len(slot.alternatives[0:1]) * max(1, slot.alternatives[0].count) for c in claims for slot in c.slots
+    )
+    if best_fit:
+        try:
+            solution = NodeSearch(
+                state=state, node=node, pools=view.pools, candidates=view.candidates, claims=claims,
+                best_fit=True, budget=BEST_FIT_BUDGET,
+                max_solutions=1 if slots <= 1 else FEASIBLE_NODES_COMPARED,
+            ).run()  # fmt: skip
+            if solution is not None:
+                return solution
+        except BudgetExceeded:
+            pass
+    try:
+        solution = NodeSearch(
+            state=state, node=node, pools=view.pools, candidates=view.candidates, claims=claims,
+            best_fit=False, budget=FIRST_FIT_BUDGET,
+        ).run()  # fmt: skip
+    except BudgetExceeded:
+        solution = None
+    if solution is None and view.has_invalid:
+        raise _InvalidPools()
+    return solution
+
+
+def place(
+    state: ClusterState,
+    raw_claims: Sequence[Mapping[str, Any]],
+    *,
+    node: str | None,
+    policy: str,
+    pod_groups: Sequence[Sequence[int]] | None,
+    exclude_nodes: frozenset[str] | set[str],
+    rng: random.Random | None,
+) -> list[dict[str, Any]] | None:
+    if policy not in ("best-fit", "first-fit"):
+        raise AllocationError(f"policy: unknown policy {policy!r} (expected best-fit or first-fit)")
+    state.refresh()
+    claims = [parse_claim(raw, state.classes) for raw in raw_claims]
+    if not claims:
+        return []
+    best_fit = policy == "best-fit"
+    if node is not None:
+        try:
+            solution = search_node(state, node, claims, best_fit)
+        except _InvalidPools:
+            raise AllocationError(f"node {node}: invalid resource pools were encountered") from None
+        if solution is None:
+            return None
+        return [render_allocation(c, e, node, rng) for c, e in zip(claims, solution.entries, strict=True)]
+    groups = _groups(pod_groups, len(claims))
+    placed = _Gang(state, claims, groups, best_fit, exclude_nodes).place()
+    if placed is None:
+        return None
+    allocations: list[dict[str, Any] | None] = [None] * len(claims)
+    for group, (chosen, solution) in zip(groups, placed, strict=True):
+        for claim_index, entries in zip(group, solution.entries, strict=True):
+            allocations[claim_index] = render_allocation(claims[claim_index], entries, chosen, rng)
+    return [a for a in allocations if a is not None]
+
+
+def _groups(pod_groups: Sequence[Sequence[int]] | None, count: int) -> list[tuple[int, ...]]:
+    groups: list[tuple[int, ...]] = []
+    seen: set[int] = set()
+    for group in pod_groups or ():
+        members = tuple(i for i in group if i not in seen)
+        for index in members:
+            if not 0 <= index < count:
+                raise AllocationError(f"pod_groups: claim index {index} is out of range 0..{count - 1}")
+            seen.add(index)
+        if members:
+            groups.append(members)
+    groups.extend((i,) for i in range(count) if i not in seen)
+    return groups
+
+
+def _indexed_demand(claims: Sequence[Claim], state: ClusterState) -> tuple[str, Number, Number] | None:
+    """(capacity key, largest single request, smallest total) when every request asks for one indexed key."""
+    key = None
+    largest: Number = 0
+    total: Number = 0
+    for claim in claims:
+        for slot in claim.slots:
+            smallest = None
+            for request in slot.alternatives:
+                if request.all_mode or not request.capacity:
+                    return None
+                asked = dict(request.capacity)
+                if key is None:
+                    key = next((k for k in asked if k in state.indexes), None)
+                    if key is None:
+                        return None
+                if key not in asked:
+                    return None
+                largest = max(largest, asked[key])
+                need = asked[key] * request.count
+                smallest = need if smallest is None else min(smallest, need)
+            total += smallest or 0
+    if key is None:
+        return None
+    return key, largest, total
+
+
+class _Gang:
+    def __init__(
+        self,
+        state: ClusterState,
+        claims: Sequence[Claim],
+        groups: Sequence[tuple[int, ...]],
+        best_fit: bool,
+        exclude: frozenset[str] | set[str],
+    ) -> None:
+        self.state = state
+        self.claims = claims
+        self.groups = groups
+        self.best_fit = best_fit
+        self.nodes = [n for n in state.node_names() if n not in exclude]
+        self.allowed = set(self.nodes)
+        self.tentative: list[str] = []
+
+    # ------------------------------------------------------------ the gang
+
+    def place(self) -> list[tuple[str, Solution]] | None:
+        state = self.state
+        if not self.nodes:
+            return None
+        if not self._prechecks():
+            return None
+        try:
+            if len(self.groups) > 1 and self.best_fit:
+                whole = self._single_node()
+                if whole is not None:
+                    return whole
+            order = list(range(len(self.groups)))
+            if self.best_fit:
+                order.sort(key=lambda g: -(self._demand(self.groups[g]) or (0, 0, 0))[2])
+            chosen: dict[int, tuple[str, Solution]] = {}
+            used: list[str] = []
+            for group_index in order:
+                group_claims = [self.claims[i] for i in self.groups[group_index]]
+                choice = self._choose(group_claims, used, multi=len(self.groups) > 1)
+                if choice is None:
+                    return None
+                chosen[group_index] = choice
+                if choice[0] not in used:
+                    used.append(choice[0])
+                self._hold(choice[1])
+            return [chosen[g] for g in range(len(self.groups))]
+        finally:
+            for uid in self.tentative:
+                state.remove_claim(uid)
+
+    def _hold(self, solution: Solution) -> None:
+        entries = []
+        for claim_entries in solution.entries:
+            for entry in claim_entries:
+                if entry.request.admin:
+                    continue
+                device = entry.candidate.device
+                consumed = tuple(entry.consumed.items()) if entry.consumed is not None else ()
+                entries.append(LedgerEntry(device.id, device.allow_multiple, consumed))
+        uid = f"\x00gang-{len(self.tentative)}"
+        self.tentative.append(uid)
+        self.state._apply(uid, tuple(entries))
+
+    def _demand(self, group: Sequence[int]) -> tuple[str, Number, Number] | None:
+        return _indexed_demand([self.claims[i] for i in group], self.state)
+
+    def _prechecks(self) -> bool:
+        """Cheap necessary conditions for indexed demands: total free, per-node free, devices per node."""
+        demands = [self._demand(g) for g in self.groups]
+        if any(d is None for d in demands) or self.state.has_global_pools:
+            return True
+        state = self.state
+        by_key: dict[str, Number] = {}
+        for key, _largest, total in demands:  # type: ignore[misc]
+            by_key[key] = by_key.get(key, 0) + total
+        node_free = {n: state.node_free.get(n, 0) for n in self.nodes}
+        if len(by_key) == 1 and sum(node_free.values()) < next(iter(by_key.values())):
+            return False
+        best_node_free = max(node_free.values(), default=0)
+        for group, demand in zip(self.groups, demands, strict=True):
+            key, largest, total = demand  # type: ignore[misc]
+            if total > best_node_free:
+                return False
+            needed_devices = max(
+                (r.count for i in group for slot in self.claims[i].slots for r in slot.alternatives[:1]),
+                default=1,
+            )
+            if needed_devices > 1 and len(self.groups) <= 64:
+                per_node: dict[str, int] = {}
+                enough = False
+                for (node, _), _in_use, _free in state.indexes[key].iter_at_least(largest):
+                    if node in self.allowed:
+                        per_node[node] = per_node.get(node, 0) + 1
+                        if per_node[node] >= needed_devices:
+                            enough = True
+                            break
+                if not enough:
+                    return False
+        return True
+
+    def _single_node(self) -> list[tuple[str, Solution]] | None:
+        claims = [self.claims[i] for group in self.groups for i in group]
+        demand = _indexed_demand(claims, self.state)
+        tries = 0
+        for node in self._nodes_by_free(demand[2] if demand else 0):
+            tries += 1
+            if tries > GANG_SINGLE_NODE_TRIES:
+                break
+            solution = self._evaluate(node, claims)
+            if solution is None:
+                continue
+            result = []
+            offset = 0
+            for group in self.groups:
+                part = Solution(solution.entries[offset : offset + len(group)], solution.score)
+                offset += len(group)
+                result.append((node, part))
+            return result
+        return None
+
+    # ------------------------------------------------------------ one group
+
+    def _evaluate(self, node: str, claims: Sequence[Claim]) -> Solution | None:
+        state = self.state
+        signature = (tuple(c.signature for c in claims), self.best_fit)
+        version = state.node_version(node)
+        if state.infeasible.get((signature, node)) == version:
+            return None
+        try:
+            solution = search_node(state, node, claims, self.best_fit)
+        except _InvalidPools:
+            solution = None
+        if solution is None:
+            if len(state.infeasible) > 500_000:
+                state.infeasible.clear()
+            state.infeasible[(signature, node)] = version
+        return solution
+
+    def _choose(
+        self, claims: Sequence[Claim], used: Sequence[str], *, multi: bool
+    ) -> tuple[str, Solution] | None:
+        if used:
+            found = [(n, s) for n in used if (s := self._evaluate(n, claims)) is not None]
+            if found:
+                return min(found, key=lambda item: (item[1].score, self.state.node_free.get(item[0], 0)))
+            label = self.state.topology_label
+            zone = self.state.labels(used[0]).get(label)
+            if zone is not None:
+                same = self._pick(claims, lambda n: self.state.labels(n).get(label) == zone, multi)
+                if same is not None:
+                    return same
+        return self._pick(claims, None, multi)
+
+    def _pick(self, claims: Sequence[Claim], accept: Any, multi: bool) -> tuple[str, Solution] | None:
+        found: list[tuple[str, Solution]] = []
+        first_rank: Any = None
+        for node, rank in self._candidates(claims, multi):
+            if accept is not None and not accept(node):
+                continue
+            if found and self.best_fit and rank is not None and rank != first_rank:
+                break
+            solution = self._evaluate(node, claims)
+            if solution is None:
+                continue
+            if not self.best_fit:
+                return node, solution
+            if not found:
+                first_rank = rank
+            found.append((node, solution))
+            if len(found) >= FEASIBLE_NODES_COMPARED:
+                break
+        if not found:
+            return None
+        if multi:
+            return min(found, key=lambda item: (item[1].score, -self.state.node_free.get(item[0], 0)))
+        return min(found, key=lambda item: (item[1].score, self.state.node_free.get(item[0], 0), item[0]))
+
+    def _candidates(self, claims: Sequence[Claim], multi: bool) -> Iterator[tuple[str, Any]]:
+        """Nodes worth a search, best first, with a rank (index bucket) where the index produced them."""
+        state = self.state
+        demand = _indexed_demand(claims, state)
+        if demand is None or state.has_global_pools:
+            if not self.best_fit:
+                yield from ((n, None) for n in self.nodes)
+            elif multi:
+                yield from ((n, None) for n in self._nodes_by_free(0))
+            else:
+                order = sorted(self.nodes, key=lambda n: (state.node_free.get(n, 0), n))
+                yield from ((n, None) for n in order)
+            return
+        key, largest, total = demand
+        if multi and self.best_fit:
+            yield from ((n, None) for n in self._nodes_by_free(total))
+            return
+        seen: set[str] = set()
+        if not self.best_fit:
+            for (node, _), _in_use, _free in state.indexes[key].iter_at_least(largest):
+                if node in self.allowed:
+                    seen.add(node)
+            yield from ((n, None) for n in sorted(seen))
+            return
+        for (node, _), in_use, free in state.indexes[key].iter_at_least(largest):
+            if node in seen or node not in self.allowed:
+                continue
+            seen.add(node)
+            yield node, (in_use, free)
+
+    def _nodes_by_free(self, at_least: Number) -> list[str]:
+        state = self.state
+        nodes = [n for n in self.nodes if state.node_free.get(n, 0) >= at_least]
+        nodes.sort(key=lambda n: (-state.node_free.get(n, 0), n))
+        return nodes

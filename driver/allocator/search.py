@@ -1,0 +1,504 @@
+"""The per-node device search: upstream's depth-first allocator, with best-fit candidate ordering.
+
+``NodeSearch(...).run()`` allocates a list of claims on one node, like ``Allocator.Allocate`` of
+``internal/incubating`` (dra-api.md 4.3-4.9): claims in order, requests in order, device slots in
+order; within a request candidates continue after the previous pick (combinations, never the same
+device twice); ``firstAvailable`` alternatives in order with the rest of the search under each; the
+32-result limit moves on to the next alternative; per-candidate checks in upstream order (in use,
+selectors, capacity, counters, taints, constraints) with everything undone on backtrack (counters
+included, as fixed by PR #140431).
+
+``best_fit=True`` changes only the *order* in which valid candidates are tried (packing first, then
+topology, then upstream order) and keeps the best of the first few complete solutions; every check is
+the same code, so a best-fit allocation is one the first-fit rules accept. A step budget bounds the
+search; the caller falls back to first-fit when best-fit runs out of budget.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from driver.allocator.capacity import compute_consumption
+from driver.allocator.celenv import SelectorError, evaluate_selector
+from driver.allocator.model import MAX_RESULTS, Claim, Constraint, Device, DeviceID, Request, lookup_attribute
+from driver.allocator.pools import Candidate, PoolView
+from driver.allocator.quantity import Number
+from driver.errors import AllocationError
+
+__all__ = ["BudgetExceeded", "CommittedState", "Entry", "NodeSearch", "Solution"]
+
+_NO_TAINT_EFFECTS = ("NoSchedule", "NoExecute")
+
+
+class CommittedState(Protocol):
+    def exclusive_in_use(self, device_id: DeviceID) -> bool: ...
+    def share_count(self, device_id: DeviceID) -> int: ...
+    def committed_consumed(self, device_id: DeviceID) -> dict[str, Number] | None: ...
+    def counters_available(self, pool_key: tuple[str, str]) -> dict[tuple[str, str], Number]: ...
+
+
+class BudgetExceeded(Exception):
+    """The search used its step budget without an answer."""
+
+
+class _LimitExceeded(Exception):
+    """errAllocationResultMaxSizeExceeded: a branch would exceed 32 results for one claim."""
+
+
+class _Enough(Exception):
+    """Best-fit collected enough complete solutions."""
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One allocated device of a claim (shareID is added when the result is rendered)."""
+
+    request: Request
+    candidate: Candidate
+    consumed: dict[str, Number] | None  # None for exclusive devices
+
+
+@dataclass(frozen=True, slots=True)
+class Solution:
+    entries: tuple[tuple[Entry, ...], ...]  # per claim, in allocation order
+    score: tuple[Any, ...]
+
+
+class _MatchState:
+    __slots__ = ("constraint", "values")
+
+    def __init__(self, constraint: Constraint) -> None:
+        self.constraint = constraint
+        self.values: list[tuple[str, Any]] = []
+
+    def add(self, request: Request, device: Device) -> bool:
+        value = lookup_attribute(device, self.constraint.attribute)
+        if value is None or (self.values and self.values[0] != value):
+            return False
+        self.values.append(value)
+        return True
+
+    def remove(self, request: Request, device: Device) -> None:
+        self.values.pop()
+
+
+class _DistinctState:
+    """Upstream quirk kept: values are stored per (parent) request name, the last device overwriting."""
+
+    __slots__ = ("by_request", "constraint")
+
+    def __init__(self, constraint: Constraint) -> None:
+        self.constraint = constraint
+        self.by_request: dict[str, tuple[str, Any]] = {}
+
+    def add(self, request: Request, device: Device) -> bool:
+        value = lookup_attribute(device, self.constraint.attribute)
+        if value is None or value in self.by_request.values():
+            return False
+        self.by_request[request.parent] = value
+        return True
+
+    def remove(self, request: Request, device: Device) -> None:
+        self.by_request.pop(request.parent, None)
+
+
+def _applies(constraint: Constraint, request: Request) -> bool:
+    names = constraint.requests
+    return not names or request.parent in names or request.name in names
+
+
+class NodeSearch:
+    """One allocation attempt of ``claims`` on ``node`` against committed state ``state``."""
+
+    def __init__(
+        self,
+        *,
+        state: CommittedState,
+        node: str,
+        pools: Sequence[PoolView],
+        candidates: Sequence[Candidate],
+        claims: Sequence[Claim],
+        best_fit: bool,
+        budget: int,
+        max_solutions: int = 8,
+    ) -> None:
+        self.state = state
+        self.node = node
+        self.pools = pools
+        self.candidates = candidates
+        self.claims = claims
+        self.best_fit = best_fit
+        self.budget = budget
+        self.max_solutions = max_solutions
+        self.steps = 0
+        self.allocating_exclusive: dict[DeviceID, int] = {}
+        self.allocating_by_claim: dict[DeviceID, dict[int, int]] = {}
+        self.allocating_capacity: dict[DeviceID, dict[str, Number]] = {}
+        self.allocating_shares: dict[DeviceID, int] = {}
+        self.allocating_counters: dict[tuple[str, str], dict[tuple[str, str], Number]] = {}
+        self.results: list[list[Entry]] = [[] for _ in claims]
+        self.constraint_states: list[list[_MatchState | _DistinctState]] = [
+            [_MatchState(c) if c.kind == "match" else _DistinctState(c) for c in claim.constraints]
+            for claim in claims
+        ]
+        self.all_lists: dict[tuple[int, int, int], list[Candidate]] = {}
+        self.hopeless: set[tuple[int, int, int]] = set()
+        self.solutions: list[Solution] = []
+
+    # ------------------------------------------------------------ entry point
+
+    def run(self) -> Solution | None:
+        """The solution (best-fit: the best found), or None; raises AllocationError or BudgetExceeded."""
+        for claim_index, claim in enumerate(self.claims):
+            self._prepare_claim(claim_index, claim)
+        try:
+            found = self._step(0, 0, -1, 0, None, 0)
+        except _Enough:
+            found = True
+        except _LimitExceeded as error:
+            raise AllocationError("allocation result would exceed the claim limit of 32 devices") from error
+        if self.best_fit:
+            if not self.solutions:
+                return None
+            return min(self.solutions, key=lambda s: s.score)
+        if not found:
+            return None
+        return Solution(tuple(tuple(r) for r in self.results), ())
+
+    def _prepare_claim(self, claim_index: int, claim: Claim) -> None:
+        minimum = 0
+        for slot_index, slot in enumerate(claim.slots):
+            counts = []
+            for alt_index, request in enumerate(slot.alternatives):
+                if request.all_mode:
+                    devices = self._all_devices(claim, request)
+                    self.all_lists[(claim_index, slot_index, alt_index)] = devices
+                    counts.append(len(devices))
+                else:
+                    counts.append(request.count)
+                    if self._hopeless(claim_index, request):
+                        self.hopeless.add((claim_index, slot_index, alt_index))
+            minimum += min(counts)
+        if minimum > MAX_RESULTS:
+            raise AllocationError(
+                f"ResourceClaim {claim.key}: spec.devices.requests: number of requested devices {minimum} "
+                f"exceeds the claim limit of {MAX_RESULTS}"
+            )
+
+    def _all_devices(self, claim: Claim, request: Request) -> list[Candidate]:
+        for pool in self.pools:
+            if pool.incomplete or pool.invalid:
+                raise AllocationError(
+                    f"ResourceClaim {claim.key}: request {request.name} asks for all devices, "
+                    f"but resource pool "
+                    f"{pool.key[0]}/{pool.key[1]} is currently being updated"
+                    + (f" ({pool.invalid})" if pool.invalid else "")
+                )
+        devices = []
+        for candidate in self.candidates:
+            if not self._selectable(claim, request, candidate):
+                continue
+            committed = self.state.committed_consumed(candidate.device.id)
+            if compute_consumption(candidate.device, request.capacity, committed, None) is None:
+                continue
+            devices.append(candidate)
+        return devices
+
+    def _hopeless(self, claim_index: int, request: Request) -> bool:
+        """Fewer individually usable devices than ``count``: no search needed (a pure shortcut)."""
+        usable = 0
+        for candidate in self.candidates:
+            device = candidate.device
+            if not request.admin and self.state.exclusive_in_use(device.id):
+                continue
+            try:
+                if not self._selectable(self.claims[claim_index], request, candidate):
+                    continue
+            except AllocationError:
+                return False  # let the search reach (and report) it in upstream order
+            committed = self.state.committed_consumed(device.id)
+            if compute_consumption(device, request.capacity, committed, None) is None:
+                continue
+            usable += 1
+            if usable >= request.count:
+                return False
+        return True
+
+    # ------------------------------------------------------------ recursion
+
+    def _tick(self) -> None:
+        self.steps += 1
+        if self.steps > self.budget:
+            raise BudgetExceeded()
+
+    def _step(
+        self, ci: int, si: int, alt: int, k: int, order: Sequence[Candidate] | None, start: int
+    ) -> bool:
+        if ci == len(self.claims):
+            return self._complete()
+        claim = self.claims[ci]
+        if si == len(claim.slots):
+            return self._step(ci + 1, 0, -1, 0, None, 0)
+        slot = claim.slots[si]
+        if alt < 0:
+            for alt_index in range(len(slot.alternatives)):
+                if (ci, si, alt_index) in self.hopeless:
+                    continue
+                try:
+                    if self._step(ci, si, alt_index, 0, None, 0):
+                        return True
+                except _LimitExceeded:
+                    if len(slot.alternatives) == 1:
+                        raise
+            return False
+        request = slot.alternatives[alt]
+        all_list = self.all_lists.get((ci, si, alt))
+        needed = len(all_list) if all_list is not None else request.count
+        if request.all_mode and not all_list:
+            return False
+        if k >= needed:
+            return self._step(ci, si + 1, -1, 0, None, 0)
+        if len(self.results[ci]) >= MAX_RESULTS:
+            raise _LimitExceeded()
+        if all_list is not None:
+            self._tick()
+            undo = self._try(ci, request, all_list[k], all_mode=True)
+            if undo is None:
+                return False
+            if self._step(ci, si, alt, k + 1, None, 0):
+                return True
+            undo()
+            return False
+        if order is None:
+            order = self._ordered(ci, request) if self.best_fit else self.candidates
+        for index in range(start, len(order)):
+            self._tick()
+            undo = self._try(ci, request, order[index], all_mode=False)
+            if undo is None:
+                continue
+            if self._step(ci, si, alt, k + 1, order, index + 1):
+                return True
+            undo()
+        return False
+
+    def _complete(self) -> bool:
+        if not self.best_fit:
+            return True
+        entries = tuple(tuple(r) for r in self.results)
+        self.solutions.append(Solution(entries, self.score(entries)))
+        if len(self.solutions) >= self.max_solutions:
+            raise _Enough()
+        return False
+
+    # ------------------------------------------------------------ checks
+
+    def _selectable(self, claim: Claim, request: Request, candidate: Candidate) -> bool:
+        device = candidate.device
+        for label, selector in request.selectors:
+            try:
+                if not evaluate_selector(selector, device.facts):
+                    return False
+            except SelectorError as error:
+                raise AllocationError(
+                    f"ResourceClaim {claim.key}: request {request.name}: {label} on device "
+                    f"{device.id[0]}/{device.id[1]}/{device.id[2]}: {error}"
+                ) from error
+        return True
+
+    def _try(
+        self, ci: int, request: Request, candidate: Candidate, *, all_mode: bool
+    ) -> Callable[[], None] | None:
+        device = candidate.device
+        device_id = device.id
+        state = self.state
+        if request.admin:
+            if ci in self.allocating_by_claim.get(device_id, ()):
+                return None
+        elif (
+            state.exclusive_in_use(device_id)
+            or self.allocating_exclusive.get(device_id)
+            or (not device.allow_multiple and state.share_count(device_id))
+        ):
+            return None
+        claim = self.claims[ci]
+        if not self._selectable(claim, request, candidate):
+            return None
+        committed = state.committed_consumed(device_id)
+        allocating = self.allocating_capacity.get(device_id)
+        consumed = compute_consumption(device, request.capacity, committed, allocating)
+        if consumed is None:
+            return None
+        paid = False
+        if device.consumes and not (
+            device.allow_multiple and (state.share_count(device_id) or self.allocating_shares.get(device_id))
+        ):
+            if not self._reserve_counters(candidate):
+                return None
+            paid = True
+        for taint in device.taints:
+            if taint.effect in _NO_TAINT_EFFECTS and not any(t.tolerates(taint) for t in request.tolerations):
+                if paid:
+                    self._release_counters(candidate)
+                return None
+        added: list[_MatchState | _DistinctState] = []
+        for constraint_state in self.constraint_states[ci]:
+            if not _applies(constraint_state.constraint, request):
+                continue
+            if not constraint_state.add(request, device):
+                for earlier in reversed(added):
+                    earlier.remove(request, device)
+                if paid:
+                    self._release_counters(candidate)
+                if all_mode:
+                    raise AllocationError(
+                        f"ResourceClaim {claim.key}: request {request.name}: cannot add device "
+                        f"{device_id[0]}/{device_id[1]}/{device_id[2]} "
+                        "because a claim constraint would not be satisfied "
+                        f"({constraint_state.constraint.kind} {constraint_state.constraint.attribute})"
+                    )
+                return None
+            added.append(constraint_state)
+        shared = device.allow_multiple
+        if shared:
+            current = self.allocating_capacity.setdefault(device_id, {})
+            for key, value in consumed.items():
+                current[key] = current.get(key, 0) + value
+            self.allocating_shares[device_id] = self.allocating_shares.get(device_id, 0) + 1
+        else:
+            if not request.admin:
+                self.allocating_exclusive[device_id] = self.allocating_exclusive.get(device_id, 0) + 1
+            by_claim = self.allocating_by_claim.setdefault(device_id, {})
+            by_claim[ci] = by_claim.get(ci, 0) + 1
+        entry = Entry(request, candidate, consumed if shared else None)
+        self.results[ci].append(entry)
+
+        def undo() -> None:
+            self.results[ci].pop()
+            if shared:
+                current = self.allocating_capacity[device_id]
+                for key, value in consumed.items():
+                    current[key] -= value
+                self.allocating_shares[device_id] -= 1
+                if not self.allocating_shares[device_id]:
+                    del self.allocating_shares[device_id]
+                    del self.allocating_capacity[device_id]
+            else:
+                if not request.admin:
+                    self.allocating_exclusive[device_id] -= 1
+                    if not self.allocating_exclusive[device_id]:
+                        del self.allocating_exclusive[device_id]
+                by_claim = self.allocating_by_claim[device_id]
+                by_claim[ci] -= 1
+                if not by_claim[ci]:
+                    del by_claim[ci]
+            for constraint_state in reversed(added):
+                constraint_state.remove(request, device)
+            if paid:
+                self._release_counters(candidate)
+
+        return undo
+
+    def _reserve_counters(self, candidate: Candidate) -> bool:
+        pool_key = candidate.pool_key
+        available = self.state.counters_available(pool_key)
+        using = self.allocating_counters.setdefault(pool_key, {})
+        for set_name, counters in candidate.device.consumes:
+            for counter, value in counters:
+                key = (set_name, counter)
+                using[key] = using.get(key, 0) + value
+        if all(value - using.get(key, 0) >= 0 for key, value in available.items()):
+            return True
+        self._release_counters(candidate)
+        return False
+
+    def _release_counters(self, candidate: Candidate) -> None:
+        using = self.allocating_counters[candidate.pool_key]
+        for set_name, counters in candidate.device.consumes:
+            for counter, value in counters:
+                using[(set_name, counter)] -= value
+
+    # ------------------------------------------------------------ best-fit ordering and scoring
+
+    def _packing_key(self, device: Device, consumed: dict[str, Number] | None) -> tuple[int, Number]:
+        device_id = device.id
+        in_use = self.state.share_count(device_id) or self.allocating_shares.get(device_id)
+        opened = 0 if (device.allow_multiple and in_use) else 1
+        memory_key = device.memory_key
+        if memory_key is None or consumed is None or not device.allow_multiple:
+            return (opened, 0)
+        spec = device.capacity[memory_key]
+        committed = self.state.committed_consumed(device_id) or {}
+        allocating = self.allocating_capacity.get(device_id) or {}
+        left = (
+            spec.value
+            - committed.get(memory_key, 0)
+            - allocating.get(memory_key, 0)
+            - consumed.get(memory_key, 0)
+        )
+        return (opened, left)
+
+    def _topology_distance(self, ci: int, device: Device) -> int:
+        chosen = self.results[ci]
+        if not chosen:
+            return 0
+        best = 2
+        for entry in chosen:
+            other = entry.candidate.device
+            if device.pcie_root is not None and other.pcie_root == device.pcie_root:
+                return 0
+            if device.numa_node is not None and other.numa_node == device.numa_node:
+                best = 1
+        return best
+
+    def _ordered(self, ci: int, request: Request) -> list[Candidate]:
+        keyed = []
+        for candidate in self.candidates:
+            device = candidate.device
+            committed = self.state.committed_consumed(device.id)
+            consumed = compute_consumption(
+                device, request.capacity, committed, self.allocating_capacity.get(device.id)
+            )
+            if consumed is None:
+                continue
+            opened, left = self._packing_key(device, consumed)
+            keyed.append(((opened, left, self._topology_distance(ci, device), candidate.position), candidate))
+        keyed.sort(key=lambda item: item[0])
+        return [candidate for _, candidate in keyed]
+
+    def score(self, entries: tuple[tuple[Entry, ...], ...]) -> tuple[Any, ...]:
+        """Lower is better: (devices newly opened, memory left on shared devices, topology tier)."""
+        opened = 0
+        left: Number = 0
+        tier = 0
+        touched: set[DeviceID] = set()
+        for claim_entries in entries:
+            roots = {e.candidate.device.pcie_root for e in claim_entries}
+            numas = {e.candidate.device.numa_node for e in claim_entries}
+            if len(claim_entries) > 1:
+                tier += (
+                    0
+                    if (len(roots) == 1 and None not in roots)
+                    else 1
+                    if (len(numas) == 1 and None not in numas)
+                    else 2
+                )
+            for entry in claim_entries:
+                device = entry.candidate.device
+                if device.id in touched:
+                    continue
+                touched.add(device.id)
+                if not (device.allow_multiple and self.state.share_count(device.id)):
+                    opened += 1
+                if device.allow_multiple and device.memory_key is not None:
+                    spec = device.capacity[device.memory_key]
+                    committed = self.state.committed_consumed(device.id) or {}
+                    used = committed.get(device.memory_key, 0) + sum(
+                        (e.consumed or {}).get(device.memory_key, 0)
+                        for ce in entries
+                        for e in ce
+                        if e.candidate.device.id == device.id
+                    )
+                    left += spec.value - used
+        return (opened, left, tier)

@@ -1,0 +1,389 @@
+"""ClusterState: incremental indexes of slices, classes, nodes and allocated claims.
+
+Updates touch only what they change: a slice marks the nodes of its pool dirty (all nodes for a slice
+without ``nodeName``), and a dirty node's pool view and index entries are rebuilt on the next
+allocation; a claim updates the ledger, the free-capacity index entries of its devices and the
+version of their nodes (which invalidates cached "does not fit" answers for those nodes only).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from driver.allocator.index import FreeIndex
+from driver.allocator.model import Device, DeviceID, Slice, parse_slice
+from driver.allocator.pools import Candidate, PoolView, gather_pools
+from driver.allocator.quantity import Number, parse_quantity
+
+__all__ = ["ClusterState", "LedgerEntry", "NodeView"]
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerEntry:
+    device_id: DeviceID
+    shared: bool
+    consumed: tuple[tuple[str, Number], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    pools: tuple[PoolView, ...]
+    candidates: tuple[Candidate, ...]
+    has_invalid: bool
+    has_global: bool  # some candidate comes from a slice without nodeName
+
+
+def ledger_entries(claim: Mapping[str, Any]) -> tuple[LedgerEntry, ...]:
+    """What an allocated claim holds (dra-api.md 4.7): admin results block nothing, shareID means shared."""
+    allocation = (claim.get("status") or {}).get("allocation")
+    if not allocation:
+        return ()
+    entries = []
+    for result in (allocation.get("devices") or {}).get("results") or ():
+        if result.get("adminAccess"):
+            continue
+        device_id = (result.get("driver", ""), result.get("pool", ""), result.get("device", ""))
+        if result.get("shareID"):
+            consumed = tuple(
+                (k, parse_quantity(v)) for k, v in (result.get("consumedCapacity") or {}).items()
+            )
+            entries.append(LedgerEntry(device_id, True, consumed))
+        else:
+            entries.append(LedgerEntry(device_id, False, ()))
+    return tuple(entries)
+
+
+class ClusterState:
+    """The allocator's view of the cluster; see ``driver.allocator`` for the public API."""
+
+    def __init__(self, topology_label: str = "topology.kubernetes.io/zone") -> None:
+        self.topology_label = topology_label
+        self._slices: dict[str, Slice] = {}
+        self._pools: dict[tuple[str, str], dict[str, Slice]] = {}
+        self._pool_nodes: dict[tuple[str, str], dict[str, int]] = {}
+        self._pool_global: dict[tuple[str, str], int] = {}
+        self._node_pools: dict[str, dict[tuple[str, str], int]] = {}
+        self._classes: dict[str, dict[str, Any]] = {}
+        self._labels: dict[str, dict[str, str]] = {}
+        self._views: dict[str, NodeView] = {}
+        self._dirty: dict[str, None] = {}
+        self._all_dirty = False
+        self._node_versions: dict[str, int] = {}
+        self.global_version = 0
+        self._claims: dict[str, tuple[LedgerEntry, ...]] = {}
+        self._exclusive: dict[DeviceID, int] = {}
+        self._shares: dict[DeviceID, int] = {}
+        self._consumed: dict[DeviceID, dict[str, Number]] = {}
+        self._counter_cache: dict[tuple[str, str], dict[tuple[str, str], Number]] = {}
+        self._device_home: dict[DeviceID, tuple[str, Device]] = {}  # devices of nodeName slices
+        self._node_items: dict[str, list[DeviceID]] = {}
+        self.indexes: dict[str, FreeIndex] = {}
+        self.node_free: dict[str, Number] = {}
+        self.infeasible: dict[tuple[Any, str], tuple[int, int]] = {}
+
+    # ------------------------------------------------------------ slices, classes, nodes
+
+    def upsert_slice(self, raw: Mapping[str, Any]) -> None:
+        parsed = parse_slice(raw)
+        if parsed.name in self._slices:
+            self.remove_slice(parsed.name)
+        self._slices[parsed.name] = parsed
+        key = parsed.pool_key
+        self._pools.setdefault(key, {})[parsed.name] = parsed
+        if parsed.node_name is not None:
+            nodes = self._pool_nodes.setdefault(key, {})
+            nodes[parsed.node_name] = nodes.get(parsed.node_name, 0) + 1
+            pools = self._node_pools.setdefault(parsed.node_name, {})
+            pools[key] = pools.get(key, 0) + 1
+        else:
+            self._pool_global[key] = self._pool_global.get(key, 0) + 1
+        self._touch_pool(key)
+
+    def remove_slice(self, name: str) -> None:
+        parsed = self._slices.pop(name, None)
+        if parsed is None:
+            return
+        key = parsed.pool_key
+        self._touch_pool(key)
+        del self._pools[key][name]
+        if not self._pools[key]:
+            del self._pools[key]
+        if parsed.node_name is not None:
+            nodes = self._pool_nodes[key]
+            nodes[parsed.node_name] -= 1
+            if not nodes[parsed.node_name]:
+                del nodes[parsed.node_name]
+                self._dirty[parsed.node_name] = None
+            if not nodes:
+                del self._pool_nodes[key]
+            pools = self._node_pools[parsed.node_name]
+            pools[key] -= 1
+            if not pools[key]:
+                del pools[key]
+            if not pools:
+                del self._node_pools[parsed.node_name]
+        else:
+            self._pool_global[key] -= 1
+            if not self._pool_global[key]:
+                del self._pool_global[key]
+
+    def _touch_pool(self, key: tuple[str, str]) -> None:
+        self._counter_cache.pop(key, None)
+        if self._pool_global.get(key):
+            self._all_dirty = True
+            self.global_version += 1
+        for node in self._pool_nodes.get(key, {}):
+            self._dirty[node] = None
+
+    @property
+    def has_global_pools(self) -> bool:
+        return bool(self._pool_global)
+
+    def upsert_class(self, raw: Mapping[str, Any]) -> None:
+        self._classes[(raw.get("metadata") or {}).get("name", "")] = dict(raw)
+
+    def remove_class(self, name: str) -> None:
+        self._classes.pop(name, None)
+
+    @property
+    def classes(self) -> dict[str, dict[str, Any]]:
+        return self._classes
+
+    def upsert_node(self, name: str, labels: Mapping[str, str] | None) -> None:
+        new = dict(labels or {})
+        if self._labels.get(name) != new or name not in self._labels:
+            self._labels[name] = new
+            self._dirty[name] = None
+
+    def remove_node(self, name: str) -> None:
+        if self._labels.pop(name, None) is not None:
+            self._dirty[name] = None
+
+    def labels(self, node: str) -> dict[str, str]:
+        return self._labels.get(node, {})
+
+    def node_names(self) -> list[str]:
+        """Candidate nodes: the known nodes, or (when none were given) the nodeName values of slices."""
+        if self._labels:
+            return sorted(self._labels)
+        return sorted(self._node_pools)
+
+    # ------------------------------------------------------------ claims (the ledger)
+
+    def upsert_claim(self, raw: Mapping[str, Any]) -> None:
+        metadata = raw.get("metadata") or {}
+        uid = metadata.get("uid") or f"{metadata.get('namespace', '')}/{metadata.get('name', '')}"
+        self.remove_claim(uid)
+        entries = ledger_entries(raw)
+        if entries:
+            self._apply(uid, entries)
+
+    def remove_claim(self, uid: str) -> None:
+        entries = self._claims.pop(uid, None)
+        if entries is None:
+            return
+        for entry in entries:
+            device_id = entry.device_id
+            if entry.shared:
+                self._shares[device_id] -= 1
+                consumed = self._consumed[device_id]
+                for key, value in entry.consumed:
+                    consumed[key] -= value
+                if not self._shares[device_id]:
+                    del self._shares[device_id]
+                    del self._consumed[device_id]
+            else:
+                self._exclusive[device_id] -= 1
+                if not self._exclusive[device_id]:
+                    del self._exclusive[device_id]
+            self._device_changed(device_id)
+
+    def _apply(self, uid: str, entries: tuple[LedgerEntry, ...]) -> None:
+        self._claims[uid] = entries
+        for entry in entries:
+            device_id = entry.device_id
+            if entry.shared:
+                self._shares[device_id] = self._shares.get(device_id, 0) + 1
+                consumed = self._consumed.setdefault(device_id, {})
+                for key, value in entry.consumed:
+                    consumed[key] = consumed.get(key, 0) + value
+            else:
+                self._exclusive[device_id] = self._exclusive.get(device_id, 0) + 1
+            self._device_changed(device_id)
+
+    def assume(self, claims: Iterable[Mapping[str, Any]]) -> None:
+        """Count claims carrying ``status.allocation`` as allocated before the API confirms them."""
+        for claim in claims:
+            self.upsert_claim(claim)
+
+    def _device_changed(self, device_id: DeviceID) -> None:
+        self._counter_cache.pop((device_id[0], device_id[1]), None)
+        home = self._device_home.get(device_id)
+        if home is None:
+            self.global_version += 1
+            return
+        node, device = home
+        self._node_versions[node] = self._node_versions.get(node, 0) + 1
+        self._index_device(node, device)
+
+    # ------------------------------------------------------------ CommittedState for the search
+
+    def exclusive_in_use(self, device_id: DeviceID) -> bool:
+        return device_id in self._exclusive
+
+    def share_count(self, device_id: DeviceID) -> int:
+        return self._shares.get(device_id, 0)
+
+    def committed_consumed(self, device_id: DeviceID) -> dict[str, Number] | None:
+        return self._consumed.get(device_id)
+
+    def counters_available(self, pool_key: tuple[str, str]) -> dict[tuple[str, str], Number]:
+        cached = self._counter_cache.get(pool_key)
+        if cached is not None:
+            return cached
+        slices = list(self._pools.get(pool_key, {}).values())
+        available: dict[tuple[str, str], Number] = {}
+        if slices:
+            generation = max(s.generation for s in slices)
+            current = [s for s in slices if s.generation == generation]
+            for slice_ in current:
+                for set_name, counters in slice_.counters.items():
+                    for counter, value in counters.items():
+                        available[(set_name, counter)] = value
+            for slice_ in current:
+                for device in slice_.devices:
+                    if not device.consumes:
+                        continue
+                    if device.id in self._exclusive or device.id in self._shares:
+                        for set_name, counters in device.consumes:
+                            for counter, value in counters:
+                                key = (set_name, counter)
+                                available[key] = available.get(key, 0) - value
+        self._counter_cache[pool_key] = available
+        return available
+
+    # ------------------------------------------------------------ node views and the free index
+
+    def node_version(self, node: str) -> tuple[int, int]:
+        return (self._node_versions.get(node, 0), self.global_version)
+
+    def refresh(self) -> None:
+        """Rebuild the views and index entries of dirty nodes."""
+        if self._all_dirty:
+            self._all_dirty = False
+            self._dirty.update(dict.fromkeys(self._views))
+            self._dirty.update(dict.fromkeys(self._node_pools))
+        if not self._dirty:
+            return
+        dirty, self._dirty = self._dirty, {}
+        for node in dirty:
+            self._views.pop(node, None)
+            self._node_versions[node] = self._node_versions.get(node, 0) + 1
+            for device_id in self._node_items.pop(node, ()):
+                home = self._device_home.pop(device_id, None)
+                if home is not None and home[1].memory_key is not None:
+                    self.indexes[home[1].memory_key].remove((node, device_id))
+            self.node_free.pop(node, None)
+            if node in self._node_pools or node in self._labels:
+                self.view(node)
+
+    def view(self, node: str) -> NodeView:
+        view = self._views.get(node)
+        if view is not None:
+            return view
+        keys = dict.fromkeys(self._node_pools.get(node, {}))
+        keys.update(dict.fromkeys(self._pool_global))
+        pools, candidates = gather_pools(
+            {k: self._pools[k] for k in keys if k in self._pools}, node, self.labels(node)
+        )
+        has_global = any(c.slice.node_name is None for c in candidates)
+        view = NodeView(pools, candidates, any(p.invalid for p in pools), has_global)
+        self._views[node] = view
+        items = []
+        for candidate in candidates:
+            if candidate.slice.node_name is None:
+                continue
+            device = candidate.device
+            self._device_home[device.id] = (node, device)
+            items.append(device.id)
+            self._index_device(node, device)
+        self._node_items[node] = items
+        return view
+
+    def _index_device(self, node: str, device: Device) -> None:
+        key = device.memory_key
+        if key is None:
+            return
+        index = self.indexes.get(key)
+        if index is None:
+            index = self.indexes[key] = FreeIndex()
+        item = (node, device.id)
+        total = device.capacity[key].value
+        old_free = index.free_of(item)
+        if device.allow_multiple:
+            used = (self._consumed.get(device.id) or {}).get(key, 0)
+            if device.id in self._exclusive:
+                free: Number = 0
+                index.remove(item)
+            else:
+                free = total - used
+                index.put(item, in_use=bool(self._shares.get(device.id)), free=free)
+        elif device.id in self._exclusive or device.id in self._shares:
+            free = 0
+            index.remove(item)
+        else:
+            free = total
+            index.put(item, in_use=False, free=free)
+        self.node_free[node] = self.node_free.get(node, 0) - old_free + free
+
+    # ------------------------------------------------------------ allocation and summaries
+
+    def allocate(
+        self,
+        claims: Sequence[Mapping[str, Any]],
+        *,
+        node: str | None = None,
+        policy: str = "best-fit",
+        pod_groups: Sequence[Sequence[int]] | None = None,
+        exclude_nodes: frozenset[str] | set[str] = frozenset(),
+        rng: random.Random | None = None,
+    ) -> list[dict[str, Any]] | None:
+        from driver.allocator.placement import place  # placement imports this module
+
+        return place(
+            self,
+            claims,
+            node=node,
+            policy=policy,
+            pod_groups=pod_groups,
+            exclude_nodes=exclude_nodes,
+            rng=rng,
+        )
+
+    def free_summary(self) -> dict[str, dict[str, dict[str, Any]]]:
+        """Per node and device: free and total of each capacity (memory as memory_bytes_*)."""
+        self.refresh()
+        summary: dict[str, dict[str, dict[str, Any]]] = {}
+        for node in self.node_names():
+            devices: dict[str, dict[str, Any]] = {}
+            for candidate in self.view(node).candidates:
+                device = candidate.device
+                consumed = self._consumed.get(device.id) or {}
+                in_use = device.id in self._exclusive
+                info: dict[str, Any] = {
+                    "pool": device.id[1],
+                    "shares": self._shares.get(device.id, 0),
+                    "exclusive": in_use,
+                }
+                for key, spec in device.capacity.items():
+                    name = key.rsplit("/", 1)[-1]
+                    free = 0 if in_use else spec.value - consumed.get(key, 0)
+                    prefix = "memory_bytes" if name == "memory" else name
+                    info[f"{prefix}_free"] = free
+                    info[f"{prefix}_total"] = spec.value
+                devices[device.name] = info
+            summary[node] = devices
+        return summary
