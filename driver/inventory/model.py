@@ -6,9 +6,21 @@ ResourceSlices; the node agent prepares claims against them.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, replace
 
-__all__ = ["GPU", "NIC", "NUMANode", "NodeInventory", "assign_device_names"]
+__all__ = [
+    "GPU",
+    "NIC",
+    "NUMANode",
+    "NodeInventory",
+    "assign_device_names",
+    "normalize_pci_bus_id",
+    "normalize_version",
+    "parse_cpu_list",
+]
+
+_PCI_BUS_ID = re.compile(r"^(?:([0-9a-f]{4,8}):)?([0-9a-f]{2}):([0-9a-f]{2})\.([0-7])$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +45,8 @@ class GPU:
     nvlink_domain: str | None = None  # GPUs that share an NVLink/NVSwitch fabric have one value
     minor_number: int | None = None  # /dev/nvidia<minor>
     nvml_index: int | None = None
+    local_cpus: tuple[int, ...] = ()  # CPUs close to the GPU (sysfs local_cpulist)
+    mig_enabled: bool = False  # noted only: the GPU is still published whole
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +61,7 @@ class NIC:
     rdma_device: str | None = None  # e.g. "mlx5_0"
     link_speed_mbps: int | None = None
     mac_address: str | None = None
+    local_cpus: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +93,12 @@ class NodeInventory:
             return None
         return next((n for n in self.nics if n.pcie_root == gpu.pcie_root), None)
 
+    def paired_gpu(self, nic: NIC) -> GPU | None:
+        """The GPU under the same PCIe root as ``nic``, if any (first by name)."""
+        if nic.pcie_root is None:
+            return None
+        return next((g for g in self.gpus if g.pcie_root == nic.pcie_root), None)
+
 
 def assign_device_names(gpus: list[GPU], nics: list[NIC]) -> tuple[tuple[GPU, ...], tuple[NIC, ...]]:
     """Name devices ``gpu-<n>`` / ``nic-<n>`` in PCI bus id order (stable across reboots)."""
@@ -87,3 +108,56 @@ def assign_device_names(gpus: list[GPU], nics: list[NIC]) -> tuple[tuple[GPU, ..
         tuple(replace(g, name=f"gpu-{i}") for i, g in enumerate(ordered_gpus)),
         tuple(replace(n, name=f"nic-{i}") for i, n in enumerate(ordered_nics)),
     )
+
+
+def normalize_pci_bus_id(raw: str | bytes) -> str:
+    """``b'00000000:65:00.0'`` / ``'0000:65:00.0'`` / ``'65:00.0'`` -> ``'0000:65:00.0'`` (lower case).
+
+    Raises ``ValueError`` quoting the input when it is not a PCI bus id.
+    """
+    text = raw.decode("ascii", "replace") if isinstance(raw, bytes) else str(raw)
+    text = text.strip().rstrip("\x00").lower()
+    match = _PCI_BUS_ID.match(text)
+    if match is None:
+        raise ValueError(f"{text!r} is not a PCI bus id (DDDD:BB:DD.F)")
+    domain, bus, device, function = match.groups()
+    domain = domain or "0000"
+    if int(domain, 16) > 0xFFFF:
+        raise ValueError(f"{text!r}: the PCI domain does not fit 16 bits")
+    domain = domain[-4:]
+    return f"{domain}:{bus}:{device}.{function}"
+
+
+def normalize_version(raw: str) -> str:
+    """A dotted numeric version as semver 2.0: ``"12.4"`` -> ``"12.4.0"``, ``"535.104.05"`` -> ``"535.104.5"``
+
+    Semver forbids leading zeros, so each component is re-rendered as an integer; raises
+    ``ValueError`` quoting the input when a component is not a number or there are more than three.
+    """
+    parts = str(raw).strip().split(".")
+    if not 1 <= len(parts) <= 3 or not all(part.isdigit() for part in parts):
+        raise ValueError(f"{raw!r} is not a dotted numeric version (e.g. 550.54.15 or 12.4)")
+    numbers = [int(part) for part in parts] + [0] * (3 - len(parts))
+    return ".".join(str(n) for n in numbers)
+
+
+def parse_cpu_list(text: str) -> tuple[int, ...]:
+    """Linux cpulist format: ``"0-3,8-11"`` -> ``(0, 1, 2, 3, 8, 9, 10, 11)``; empty text -> ``()``.
+
+    Raises ``ValueError`` quoting the input when it is malformed.
+    """
+    cpus: set[int] = set()
+    for chunk in str(text).strip().split(","):
+        chunk = chunk.strip()
+        if not chunk:
+            continue
+        low, sep, high = chunk.partition("-")
+        try:
+            first = int(low)
+            last = int(high) if sep else first
+        except ValueError:
+            raise ValueError(f"{text!r} is not a CPU list (e.g. 0-3,8-11)") from None
+        if first < 0 or last < first:
+            raise ValueError(f"{text!r} is not a CPU list (e.g. 0-3,8-11)")
+        cpus.update(range(first, last + 1))
+    return tuple(sorted(cpus))
