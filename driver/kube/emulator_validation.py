@@ -26,6 +26,11 @@ Obj = dict[str, Any]
 _SCHEMA_ROOT = resources.files("kubernetes_validate").joinpath("kubernetes-json-schema")
 _STRICT_DIR = re.compile(r"^v(\d+)\.(\d+)\.(\d+)-local-strict$")
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Fields whose values are maps: their keys are data, written in brackets.
+_MAP_FIELDS = frozenset(
+    {"attributes", "capacity", "counters", "consumedCapacity", "requests", "labels", "annotations", "data",
+     "nodeSelector", "parameters", "allocatable"}
+)  # fmt: skip
 
 
 def _newest_strict_dir() -> str:
@@ -67,15 +72,15 @@ def _validator(schema_file: str) -> jsonschema.protocols.Validator:
 
 
 def format_path(parts: Any) -> str:
-    """``spec.devices[0].attributes[gpu.example.com/numa]``: the field-path style of apiserver messages."""
-    text = ""
+    """``spec.devices[0].attributes[gpu.example.com/numa]``: the field-path style of apiserver messages
+    (list indexes and map keys in brackets)."""
+    text, previous = "", None
     for part in parts:
-        if isinstance(part, int):
+        if isinstance(part, int) or previous in _MAP_FIELDS or not _IDENTIFIER.match(str(part)):
             text += f"[{part}]"
-        elif _IDENTIFIER.match(str(part)):
-            text += f".{part}" if text else str(part)
         else:
-            text += f"[{part}]"
+            text += f".{part}" if text else str(part)
+        previous = part
     return text
 
 
@@ -107,8 +112,9 @@ def _schema_causes(error: jsonschema.ValidationError) -> list[tuple[str, str]]:
             (format_path([*path, key]), f'Invalid value: unknown field "{format_path([*path, key])}"')
             for key in extra
         ]
-    if error.validator == "required":
-        return [(format_path(path), f"Required value: {error.message}")]
+    if error.validator == "required" and isinstance(error.instance, dict):
+        missing = [key for key in error.validator_value if key not in error.instance]
+        return [(format_path([*path, key]), "Required value") for key in missing]
     return [(format_path(path) or "<root>", f"Invalid value: {error.message}")]
 
 
