@@ -1,0 +1,92 @@
+{{/* Names and labels shared by every template. */}}
+
+{{- define "fractional-dra.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "fractional-dra.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "fractional-dra.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+app.kubernetes.io/name: {{ include "fractional-dra.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: fractional-dra
+{{- end -}}
+
+{{/* Selector labels of one component: include with (dict "root" $ "component" "agent"). */}}
+{{- define "fractional-dra.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "fractional-dra.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "fractional-dra.agentName" -}}
+{{- printf "%s-agent" (include "fractional-dra.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "fractional-dra.controllerName" -}}
+{{- printf "%s-controller" (include "fractional-dra.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "fractional-dra.profilesName" -}}
+{{- printf "%s-profiles" (include "fractional-dra.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "fractional-dra.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{/* Where the profiles ConfigMap is mounted in both pods. */}}
+{{- define "fractional-dra.profilesDir" -}}/etc/fractional-dra/profiles{{- end -}}
+
+{{/* The driver name (DESIGN.md section 1); fixed, also the plugin directory's name. */}}
+{{- define "fractional-dra.driverName" -}}fractional.dev{{- end -}}
+
+{{/* Real GPUs with NVML through the host driver root (no runtime class). */}}
+{{- define "fractional-dra.driverRootMode" -}}
+{{- if and (not .Values.fakeDevices.enabled) (not .Values.realGpu.runtimeClassName) -}}true{{- end -}}
+{{- end -}}
+
+{{/*
+Privileged only where the mode needs it: real GPUs with MPS (compute mode, MPS control daemon)
+or NVML through the driver-root mount (the /dev/nvidia* device nodes). agent.privileged overrides.
+*/}}
+{{- define "fractional-dra.agentPrivileged" -}}
+{{- if kindIs "bool" .Values.agent.privileged -}}
+{{- if .Values.agent.privileged -}}true{{- end -}}
+{{- else if not .Values.fakeDevices.enabled -}}
+{{- if or (eq .Values.sharing.backend "mps") (include "fractional-dra.driverRootMode" .) -}}true{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "fractional-dra.agentNodeSelector" -}}
+{{- if .Values.agent.nodeSelector -}}
+{{- toYaml .Values.agent.nodeSelector -}}
+{{- else if .Values.fakeDevices.enabled -}}
+{{- with .Values.fakeDevices.nodeSelector -}}{{- toYaml . -}}{{- end -}}
+{{- else -}}
+nvidia.com/gpu.present: "true"
+{{- end -}}
+{{- end -}}
+
+{{/* Profile names shipped in the chart, sorted. */}}
+{{- define "fractional-dra.profileNames" -}}
+{{- $names := list -}}
+{{- range $path, $_ := .Files.Glob "files/profiles/*.yaml" -}}
+{{- $names = append $names (base $path | trimSuffix ".yaml") -}}
+{{- end -}}
+{{- sortAlpha $names | join "," -}}
+{{- end -}}

@@ -1,0 +1,226 @@
+"""Every RBAC permission the chart grants, why, and which code needs it.
+
+tests/chart/test_rbac.py checks three things against this list:
+1. the rendered ClusterRoles/Roles grant exactly these (no wildcard, nothing more, nothing less);
+2. every Kubernetes client call in a component's code is covered by a grant (nothing missing);
+3. every granted verb is used by the code (nothing spare) — checked once the owning module makes
+   API calls at all, so a grant for code not written yet is reported as skipped, not passed.
+
+Synthetic subresources have no client method: ``resourceclaims/binding`` is authorized on the
+status writes that change ``allocation``/``reservedFor`` (1.36+, DRAResourceClaimGranularStatusAuthorization),
+``resourceclaims/driver`` with verbs ``associated-node:<verb>`` on writes of ``status.devices``
+(kubelet-protocol.md section 4, dra-api.md section 2). Their "use" is the status write itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["AGENT_CODE", "CONTROLLER_CODE", "GRANTS", "Grant", "IMPLIED_BY_STATUS_WRITE"]
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    role: str  # "agent" | "controller"
+    scope: str  # "cluster" | "namespace" (the release namespace)
+    group: str
+    resource: str
+    verbs: tuple[str, ...]
+    why: str
+    owner: tuple[str, ...]  # globs (repo-relative) of the code that needs it
+    resource_names: tuple[str, ...] = ()
+
+
+# The code each component runs (globs, repo-relative). The demo, the emulator and the kubelet
+# simulator are test doubles and not deployed.
+AGENT_CODE = (
+    "driver/plugin/**/*.py",
+    "driver/slices.py",
+    "driver/slices/**/*.py",
+    "driver/inventory/**/*.py",
+)
+CONTROLLER_CODE = ("driver/controller/**/*.py",)
+EXCLUDED_CODE = ("driver/plugin/proto_gen/**",)
+
+_PUBLISHER = ("driver/slices.py", "driver/slices/**/*.py")
+_PLUGIN = ("driver/plugin/**/*.py",)
+
+GRANTS: tuple[Grant, ...] = (
+    # -- node agent ---------------------------------------------------------------------------
+    Grant(
+        "agent",
+        "cluster",
+        "resource.k8s.io",
+        "resourceslices",
+        ("get", "list", "watch", "create", "update", "patch", "delete"),
+        "publisher keeps the node's pool equal to the inventory: lists/watches its slices, creates, "
+        "updates (generation bumps), deletes obsolete ones, re-creates wiped ones (issue 2, "
+        "kubelet-protocol.md section 5); the admission policy keeps it to its own node",
+        _PUBLISHER,
+    ),
+    Grant(
+        "agent",
+        "cluster",
+        "resource.k8s.io",
+        "resourceclaims",
+        ("get",),
+        "NodePrepareResources carries only namespace/name/uid: the allocation is read from the claim "
+        "(kubelet-protocol.md section 3)",
+        _PLUGIN,
+    ),
+    Grant(
+        "agent",
+        "cluster",
+        "resource.k8s.io",
+        "resourceclaims/status",
+        ("update", "patch"),
+        "status.devices after prepare (issue 6, KEP-4817)",
+        _PLUGIN,
+    ),
+    Grant(
+        "agent",
+        "cluster",
+        "resource.k8s.io",
+        "resourceclaims/driver",
+        ("associated-node:update", "associated-node:patch"),
+        "1.36+: status.devices writes need this synthetic subresource, only for our driver's "
+        "entries on claims allocated to the agent's node",
+        _PLUGIN,
+        resource_names=("fractional.dev",),
+    ),
+    Grant(
+        "agent",
+        "cluster",
+        "",
+        "nodes",
+        ("get",),
+        "the Node owner reference of each ResourceSlice needs the node's UID (kubelet-protocol.md section 5)",
+        _PUBLISHER,
+    ),
+    # -- controller ---------------------------------------------------------------------------
+    Grant(
+        "controller",
+        "cluster",
+        "resource.k8s.io",
+        "resourceslices",
+        ("list", "watch"),
+        "the allocator's inventory: list + watch of every slice (driver/controller/watch.py)",
+        CONTROLLER_CODE,
+    ),
+    Grant(
+        "controller",
+        "cluster",
+        "resource.k8s.io",
+        "deviceclasses",
+        ("list", "watch"),
+        "claims name a DeviceClass whose selectors the allocator applies (driver/controller/watch.py)",
+        CONTROLLER_CODE,
+    ),
+    Grant(
+        "controller",
+        "cluster",
+        "resource.k8s.io",
+        "resourceclaims",
+        ("get", "list", "watch", "update"),
+        "claims of gated pods; get re-reads before a write; update adds/removes the finalizer "
+        "fractional.dev/allocation (driver/controller/writer.py)",
+        CONTROLLER_CODE,
+    ),
+    Grant(
+        "controller",
+        "cluster",
+        "resource.k8s.io",
+        "resourceclaims/status",
+        ("update",),
+        "writes status.allocation with the claim's resourceVersion (driver/controller/writer.py)",
+        CONTROLLER_CODE,
+    ),
+    Grant(
+        "controller",
+        "cluster",
+        "resource.k8s.io",
+        "resourceclaims/binding",
+        ("update",),
+        "1.36+: a status write that sets or clears allocation is also authorized here",
+        CONTROLLER_CODE,
+    ),
+    Grant(
+        "controller",
+        "cluster",
+        "",
+        "pods",
+        ("get", "list", "watch", "update", "patch"),
+        "gated pods: watch them, re-read, remove the scheduling gate with an update carrying the "
+        "resourceVersion, patch the scale-up-hint annotation (driver/controller/writer.py)",
+        CONTROLLER_CODE,
+    ),
+    Grant(
+        "controller",
+        "cluster",
+        "",
+        "nodes",
+        ("list", "watch"),
+        "node allocatable and topology labels for the node-fit check (driver/controller/watch.py)",
+        CONTROLLER_CODE,
+    ),
+    Grant(
+        "controller",
+        "cluster",
+        "",
+        "events",
+        ("create",),
+        "one GangUnschedulable Event per gang that does not fit, again only when its message "
+        "changes (driver/controller/events.py)",
+        CONTROLLER_CODE,
+    ),
+    Grant(
+        "controller",
+        "namespace",
+        "coordination.k8s.io",
+        "leases",
+        ("create",),
+        "leader election creates its Lease once (driver/controller/elector.py); create cannot be "
+        "restricted by name",
+        CONTROLLER_CODE,
+    ),
+    Grant(
+        "controller",
+        "namespace",
+        "coordination.k8s.io",
+        "leases",
+        ("get", "update"),
+        "leader election reads and renews its own Lease only (driver/controller/elector.py)",
+        CONTROLLER_CODE,
+        resource_names=("fractional-dra-controller",),
+    ),
+)
+
+# Only with controller.provisioningRequests.enabled=true.
+PROVISIONING_REQUESTS: tuple[Grant, ...] = (
+    Grant(
+        "controller",
+        "cluster",
+        "autoscaling.x-k8s.io",
+        "provisioningrequests",
+        ("create",),
+        "--provisioning-requests: one ProvisioningRequest per unschedulable gang; an existing one "
+        "(409) stands, its spec is immutable (driver/controller/events.py)",
+        CONTROLLER_CODE,
+    ),
+    Grant(
+        "controller",
+        "cluster",
+        "",
+        "podtemplates",
+        ("create",),
+        "the ProvisioningRequest's podSets reference PodTemplates made from the gang's pods "
+        "(driver/controller/events.py)",
+        CONTROLLER_CODE,
+    ),
+)
+
+# Synthetic subresource -> (role, the status subresource whose writes imply it, verb mapping).
+IMPLIED_BY_STATUS_WRITE = {
+    ("controller", "resourceclaims/binding"): lambda verb: verb,
+    ("agent", "resourceclaims/driver"): lambda verb: f"associated-node:{verb}",
+}

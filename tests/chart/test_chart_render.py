@@ -1,0 +1,461 @@
+"""The chart renders for every values set, lints clean, and each mode gets what it needs, no more."""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+from typing import Any
+
+import cel
+import helm_python as helm
+import pytest
+import yaml
+from chart_support import (
+    CHART_DIR,
+    NAMESPACE,
+    REPO_ROOT,
+    VALUES_FILES,
+    load_values,
+    render_chart,
+    render_notes,
+)
+
+from driver.cli import _build_parser
+from driver.config import ControllerConfig, PluginConfig
+
+PROFILES_DIR = "/etc/fractional-dra/profiles"
+
+
+def one(objects: list[dict[str, Any]], kind: str, name_suffix: str = "") -> dict[str, Any]:
+    found = [o for o in objects if o["kind"] == kind and o["metadata"]["name"].endswith(name_suffix)]
+    assert len(found) == 1, (
+        f"expected one {kind} *{name_suffix}, found {[o['metadata']['name'] for o in found]}"
+    )
+    return found[0]
+
+
+def agent_pod(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    return one(objects, "DaemonSet", "-agent")["spec"]["template"]["spec"]
+
+
+def container(pod_spec: dict[str, Any], name: str) -> dict[str, Any]:
+    (found,) = [c for c in pod_spec["containers"] if c["name"] == name]
+    return found
+
+
+def env_of(container_spec: dict[str, Any]) -> dict[str, Any]:
+    """name -> value, or ("fieldRef", path) for downward-API variables."""
+    env: dict[str, Any] = {}
+    for entry in container_spec.get("env", []):
+        if "value" in entry:
+            env[entry["name"]] = entry["value"]
+        else:
+            env[entry["name"]] = ("fieldRef", entry["valueFrom"]["fieldRef"]["fieldPath"])
+    return env
+
+
+def host_paths(pod_spec: dict[str, Any], container_spec: dict[str, Any]) -> dict[str, tuple[str, bool]]:
+    """host path -> (container path, read-only) for every hostPath the container mounts."""
+    volumes = {v["name"]: v for v in pod_spec["volumes"]}
+    mounts = {}
+    for mount in container_spec["volumeMounts"]:
+        volume = volumes[mount["name"]]
+        if "hostPath" in volume:
+            mounts[volume["hostPath"]["path"]] = (mount["mountPath"], bool(mount.get("readOnly")))
+    return mounts
+
+
+@pytest.fixture(scope="module")
+def fake() -> list[dict[str, Any]]:
+    return render_chart(load_values("fake-values"))
+
+
+@pytest.fixture(scope="module")
+def default() -> list[dict[str, Any]]:
+    return render_chart(None)
+
+
+# -- every values set ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("values_name", sorted(VALUES_FILES))
+def test_lint_reports_no_errors_or_warnings(values_name: str) -> None:
+    report = helm.lint(str(CHART_DIR), load_values(values_name), strict=True, namespace=NAMESPACE)
+    problems = [m for m in report["messages"] if m["severity"] >= 2]
+    assert report["errors"] == [] and problems == [], report
+
+
+@pytest.mark.parametrize("values_name", sorted(VALUES_FILES))
+def test_renders_every_component(values_name: str) -> None:
+    objects = render_chart(load_values(values_name))
+    kinds = sorted(o["kind"] for o in objects)
+    for kind, count in {
+        "DaemonSet": 1,
+        "Deployment": 1,
+        "ConfigMap": 1,
+        "Service": 2,
+        "ServiceAccount": 2,
+        "ClusterRole": 2,
+        "ClusterRoleBinding": 2,
+        "Role": 1,
+        "RoleBinding": 1,
+        "DeviceClass": 2,
+        "ValidatingAdmissionPolicy": 1,
+        "ValidatingAdmissionPolicyBinding": 1,
+        "PodDisruptionBudget": 1,
+    }.items():
+        assert kinds.count(kind) == count, f"{values_name}: {kind} x{kinds.count(kind)}"
+    names = [(o["kind"], o["metadata"]["name"]) for o in objects]
+    assert len(names) == len(set(names)), "duplicate objects"
+    namespaced = [o for o in objects if o["kind"] not in _CLUSTER_SCOPED]
+    assert all(o["metadata"]["namespace"] == NAMESPACE for o in namespaced)
+
+
+_CLUSTER_SCOPED = {
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "DeviceClass",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+}
+
+
+@pytest.mark.parametrize("values_name", sorted(VALUES_FILES))
+def test_agent_daemonset_basics(values_name: str) -> None:
+    values = load_values(values_name) or {}
+    objects = render_chart(values)
+    daemonset = one(objects, "DaemonSet", "-agent")
+    assert daemonset["spec"]["updateStrategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
+    pod = daemonset["spec"]["template"]["spec"]
+    assert pod["priorityClassName"] == "system-node-critical"
+    agent = container(pod, "agent")
+    assert agent["args"] == ["plugin"]
+    env = env_of(agent)
+    assert env["FRACTIONAL_NODE_NAME"] == ("fieldRef", "spec.nodeName")
+    assert env["FRACTIONAL_POD_UID"] == ("fieldRef", "metadata.uid")
+    # The kubelet dials the sockets by host path: identical paths inside the container.
+    mounts = host_paths(pod, agent)
+    for host_dir, flag in (
+        ("/var/lib/kubelet/plugins_registry", "FRACTIONAL_REGISTRY_DIR"),
+        ("/var/lib/kubelet/plugins/fractional.dev", "FRACTIONAL_PLUGIN_DIR"),
+        ("/var/run/cdi", "FRACTIONAL_CDI_ROOT"),
+    ):
+        assert mounts[host_dir] == (host_dir, False)
+        assert env[flag] == host_dir
+    # Probes on the agent's HTTP endpoint, the port it is told to serve on.
+    (port,) = agent["ports"]
+    assert port["name"] == "metrics" and str(port["containerPort"]) == env["FRACTIONAL_METRICS_PORT"]
+    assert agent["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert agent["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    assert agent["startupProbe"]["httpGet"]["path"] == "/healthz"
+    assert agent["resources"]["requests"] and agent["resources"]["limits"]["memory"]
+    assert agent["securityContext"]["readOnlyRootFilesystem"] is True
+    assert env["FRACTIONAL_SHARING"] == values.get("sharing", {}).get("backend", "none")
+    service = one(objects, "Service", "-agent-metrics")
+    assert service["spec"]["ports"][0]["targetPort"] == "metrics"
+
+
+@pytest.mark.parametrize("values_name", sorted(VALUES_FILES))
+def test_environment_is_understood_by_the_cli(values_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every FRACTIONAL_* variable the chart sets is a real flag twin and yields a valid config."""
+    objects = render_chart(load_values(values_name))
+    pod_env = env_of(container(agent_pod(objects), "agent"))
+    controller_pod = one(objects, "Deployment", "-controller")["spec"]["template"]["spec"]
+    controller_env = env_of(container(controller_pod, "controller"))
+    downward = {"spec.nodeName": "node-a", "metadata.uid": "0d7f9b8e-uid", "metadata.namespace": NAMESPACE}
+    downward["metadata.name"] = "fractional-dra-controller-abc"
+
+    def parse(command: str, env: dict[str, Any]) -> argparse.Namespace:
+        for name in [n for n in os.environ if n.startswith("FRACTIONAL_")]:
+            monkeypatch.delenv(name)
+        for name, value in env.items():
+            if name.startswith("FRACTIONAL_"):
+                monkeypatch.setenv(name, downward[value[1]] if isinstance(value, tuple) else value)
+        parser = _build_parser()
+        known = {
+            "FRACTIONAL_" + option.lstrip("-").replace("-", "_").upper()
+            for action in _subparser(parser, command)._actions
+            for option in action.option_strings
+            if option.startswith("--")
+        }
+        unknown = sorted(n for n in env if n.startswith("FRACTIONAL_") and n not in known)
+        assert unknown == [], f"{command}: no such flag twins: {unknown}"
+        return parser.parse_args([command])
+
+    args = parse("plugin", pod_env)
+    plugin = PluginConfig(
+        node_name=args.node_name,
+        backend=args.backend,
+        profile=args.profile,
+        sysfs_root=args.sysfs_root,
+        registry_dir=args.registry_dir,
+        plugin_dir=args.plugin_dir,
+        cdi_root=args.cdi_root,
+        sharing=args.sharing,
+        metrics_port=args.metrics_port,
+        pod_uid=args.pod_uid,
+        socket_group=args.socket_group,
+        hami_library=args.hami_library,
+        mps_control=args.mps_control,
+    )
+    assert plugin.node_name == "node-a" and plugin.pod_uid == "0d7f9b8e-uid"
+    if plugin.backend == "fake":
+        assert plugin.profile is not None and plugin.profile.startswith(PROFILES_DIR + "/")
+    args = parse("controller", controller_env)
+    controller = ControllerConfig(
+        policy=args.policy,
+        leader_elect=args.leader_elect,
+        lease_name=args.lease_name,
+        lease_namespace=args.lease_namespace,
+        identity=args.identity,
+        metrics_port=args.metrics_port,
+        provisioning_requests=args.provisioning_requests,
+        provisioning_class=args.provisioning_class,
+        hint_profiles=tuple(args.hint_profile),
+        topology_label=args.topology_label,
+    )
+    assert controller.leader_elect is True
+    assert controller.lease_namespace == NAMESPACE and controller.identity == downward["metadata.name"]
+    configmap = one(objects, "ConfigMap", "-profiles")
+    assert controller.hint_profiles, "the controller needs template nodes for scale-up hints"
+    for path in controller.hint_profiles:
+        assert path.startswith(PROFILES_DIR + "/") and path.rsplit("/", 1)[1] in configmap["data"]
+
+
+def _subparser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices[command]
+    raise AssertionError("no subcommands")
+
+
+# -- fake mode ----------------------------------------------------------------------------------
+
+
+def test_fake_mode_runs_unprivileged_on_every_node(fake: list[dict[str, Any]]) -> None:
+    pod = agent_pod(fake)
+    agent = container(pod, "agent")
+    security = agent["securityContext"]
+    assert "privileged" not in security
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    # Root (without capabilities) only because the kubelet's socket dirs are root's.
+    assert security["runAsUser"] == 0
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert "nodeSelector" not in pod and "runtimeClassName" not in pod and "initContainers" not in pod
+    # No host access beyond the three directories the kubelet and the runtime share with it.
+    assert set(host_paths(pod, agent)) == {
+        "/var/lib/kubelet/plugins_registry",
+        "/var/lib/kubelet/plugins/fractional.dev",
+        "/var/run/cdi",
+    }
+    assert not pod.get("hostNetwork") and not pod.get("hostPID") and not pod.get("hostIPC")
+    env = env_of(agent)
+    assert env["FRACTIONAL_BACKEND"] == "fake"
+    assert env["FRACTIONAL_PROFILE"] == f"{PROFILES_DIR}/h100-8x.yaml"
+    profiles = one(fake, "ConfigMap", "-profiles")["data"]
+    shipped = (REPO_ROOT / "charts/fractional-dra/files/profiles/h100-8x.yaml").read_text(encoding="utf-8")
+    assert yaml.safe_load(profiles["h100-8x.yaml"]) == yaml.safe_load(shipped)
+    mounts = {m["name"]: m["mountPath"] for m in agent["volumeMounts"]}
+    assert mounts["profiles"] == PROFILES_DIR
+
+
+def test_fake_mode_non_root_is_a_value() -> None:
+    values = load_values("fake-values") or {}
+    values["agent"] = {"runAsNonRoot": True, "runAsUser": 4242}
+    security = container(agent_pod(render_chart(values)), "agent")["securityContext"]
+    assert (
+        security["runAsNonRoot"] is True and security["runAsUser"] == 4242 and security["runAsGroup"] == 4242
+    )
+
+
+def test_fake_mode_node_selection() -> None:
+    values = load_values("fake-values") or {}
+    values["fakeDevices"]["nodeSelector"] = {"fractional.dev/fake": "true"}
+    assert agent_pod(render_chart(values))["nodeSelector"] == {"fractional.dev/fake": "true"}
+    values["agent"] = {"nodeSelector": {"pool": "gpu"}}
+    assert agent_pod(render_chart(values))["nodeSelector"] == {"pool": "gpu"}
+
+
+def test_unknown_fake_profile_fails_with_the_shipped_names() -> None:
+    with pytest.raises(helm.HelmRenderError, match=r"fakeDevices.profile: \"a100\" is not shipped.*h100-8x"):
+        render_chart({"fakeDevices": {"enabled": True, "profile": "a100"}})
+
+
+# -- real GPUs ----------------------------------------------------------------------------------
+
+
+def test_real_mode_defaults_to_gpu_nodes_and_the_driver_root(default: list[dict[str, Any]]) -> None:
+    pod = agent_pod(default)
+    agent = container(pod, "agent")
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    # NVML's device nodes come only with privileges when no NVIDIA runtime class injects them.
+    assert agent["securityContext"]["privileged"] is True
+    env = env_of(agent)
+    assert env["FRACTIONAL_BACKEND"] == "nvml"
+    assert env["LD_LIBRARY_PATH"] == "/nvidia-lib"
+    assert env["FRACTIONAL_SYSFS_ROOT"] == "/host/sys"
+    mounts = host_paths(pod, agent)
+    assert mounts["/"] == ("/driver-root", True)
+    assert mounts["/sys"] == ("/host/sys", True)
+    assert mounts["/etc/cdi"] == ("/etc/cdi", True)
+    (init,) = pod["initContainers"]
+    assert "libnvidia-ml.so.1" in init["args"][0]
+    assert host_paths(pod, init)["/"] == ("/driver-root", True)
+
+
+def test_runtime_class_mode_is_unprivileged() -> None:
+    objects = render_chart(load_values("sharing-none-values"))
+    pod = agent_pod(objects)
+    agent = container(pod, "agent")
+    assert pod["runtimeClassName"] == "nvidia"
+    assert "privileged" not in agent["securityContext"]
+    assert agent["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    env = env_of(agent)
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "all" and "LD_LIBRARY_PATH" not in env
+    assert "initContainers" not in pod and "/" not in host_paths(pod, agent)
+
+
+def test_mps_mode_is_privileged_with_the_driver_binaries() -> None:
+    objects = render_chart(load_values("sharing-mps-values"))
+    agent = container(agent_pod(objects), "agent")
+    assert agent["securityContext"]["privileged"] is True
+    env = env_of(agent)
+    assert env["FRACTIONAL_SHARING"] == "mps"
+    assert env["FRACTIONAL_MPS_CONTROL"] == "/driver-root/usr/bin/nvidia-cuda-mps-control"
+    assert env["PATH"].endswith(":/driver-root/usr/bin") and env["PATH"].startswith("/opt/venv/bin:")
+    assert host_paths(agent_pod(objects), agent)["/run/nvidia/driver"] == ("/driver-root", True)
+    # The privileged mode can be turned off explicitly (e.g. a cluster policy forbids it).
+    values = load_values("sharing-mps-values") or {}
+    values["agent"] = {"privileged": False}
+    agent = container(agent_pod(render_chart(values)), "agent")
+    assert "privileged" not in agent["securityContext"]
+
+
+def test_hami_mode_mounts_the_library_and_can_chown_sockets() -> None:
+    objects = render_chart(load_values("sharing-hami-values"))
+    pod = agent_pod(objects)
+    agent = container(pod, "agent")
+    env = env_of(agent)
+    assert env["FRACTIONAL_HAMI_LIBRARY"] == "/usr/local/vgpu/libvgpu.so"
+    assert host_paths(pod, agent)["/usr/local/vgpu/libvgpu.so"] == ("/usr/local/vgpu/libvgpu.so", True)
+    assert env["FRACTIONAL_SOCKET_GROUP"] == "2000"
+    assert agent["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}
+    assert "privileged" not in agent["securityContext"]
+
+
+# -- controller, classes, policy ----------------------------------------------------------------
+
+
+def test_controller_is_replicated_with_leader_election(default: list[dict[str, Any]]) -> None:
+    deployment = one(default, "Deployment", "-controller")
+    assert deployment["spec"]["replicas"] == 2
+    pod = deployment["spec"]["template"]["spec"]
+    controller = container(pod, "controller")
+    assert controller["args"] == ["controller"]
+    env = env_of(controller)
+    assert env["FRACTIONAL_LEADER_ELECT"] == "true"
+    assert env["FRACTIONAL_LEASE_NAMESPACE"] == ("fieldRef", "metadata.namespace")
+    assert env["FRACTIONAL_IDENTITY"] == ("fieldRef", "metadata.name")
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert controller["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    service = one(default, "Service", "-controller-metrics")
+    assert str(service["spec"]["ports"][0]["port"]) == env["FRACTIONAL_METRICS_PORT"]
+    role = one(default, "Role", "-leader-election")
+    assert role["metadata"]["namespace"] == NAMESPACE
+    assert role["rules"][1]["resourceNames"] == ["fractional-dra-controller"]
+    assert env["FRACTIONAL_LEASE_NAME"] == "fractional-dra-controller"
+
+
+def test_two_controllers_without_leader_election_are_refused() -> None:
+    with pytest.raises(helm.HelmRenderError, match="leaderElection"):
+        render_chart({"controller": {"leaderElection": {"enabled": False}}})
+    objects = render_chart({"controller": {"replicas": 1, "leaderElection": {"enabled": False}}})
+    kinds = {o["kind"] for o in objects}
+    assert "Role" not in kinds and "PodDisruptionBudget" not in kinds
+
+
+def test_service_monitor_only_when_enabled(default: list[dict[str, Any]]) -> None:
+    assert not [o for o in default if o["kind"] == "ServiceMonitor"]
+    monitor = one(render_chart(load_values("sharing-mps-values")), "ServiceMonitor")
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert monitor["spec"]["endpoints"] == [{"port": "metrics", "path": "/metrics", "interval": "30s"}]
+    selected = monitor["spec"]["selector"]["matchExpressions"][0]["values"]
+    assert selected == ["agent", "controller"]
+
+
+def test_device_classes(default: list[dict[str, Any]]) -> None:
+    classes = {o["metadata"]["name"]: o for o in default if o["kind"] == "DeviceClass"}
+    assert set(classes) == {"gpu.fractional.dev", "nic.fractional.dev"}
+    assert "config" not in classes["gpu.fractional.dev"]["spec"]
+    device = {"driver": "fractional.dev", "attributes": {"fractional.dev": {"type": "gpu"}}}
+    other = {"driver": "gpu.nvidia.com", "attributes": {"fractional.dev": {"type": "gpu"}}}
+    nic = {"driver": "fractional.dev", "attributes": {"fractional.dev": {"type": "nic"}}}
+    (gpu_selector,) = classes["gpu.fractional.dev"]["spec"]["selectors"]
+    (nic_selector,) = classes["nic.fractional.dev"]["spec"]["selectors"]
+    assert [cel.evaluate(gpu_selector["cel"]["expression"], {"device": d}) for d in (device, other, nic)] == [
+        True,
+        False,
+        False,
+    ]
+    assert [cel.evaluate(nic_selector["cel"]["expression"], {"device": d}) for d in (device, other, nic)] == [
+        False,
+        False,
+        True,
+    ]
+
+
+def test_class_level_gpu_config() -> None:
+    objects = render_chart(load_values("sharing-mps-values"))
+    gpu_class = next(o for o in objects if o["metadata"]["name"] == "gpu.fractional.dev")
+    assert gpu_class["spec"]["config"] == [
+        {
+            "opaque": {
+                "driver": "fractional.dev",
+                "parameters": {
+                    "apiVersion": "fractional.dev/v1alpha1",
+                    "kind": "GpuConfig",
+                    "sharing": {"backend": "mps", "mps": {"defaultActiveThreadPercentage": 50}},
+                },
+            }
+        }
+    ]
+
+
+def test_admission_policy_pins_the_agent_to_its_node(default: list[dict[str, Any]]) -> None:
+    policy = one(default, "ValidatingAdmissionPolicy")
+    binding = one(default, "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+    spec = policy["spec"]
+    assert spec["failurePolicy"] == "Fail"
+    (rule,) = spec["matchConstraints"]["resourceRules"]
+    assert rule["resources"] == ["resourceslices"] and set(rule["operations"]) == {
+        "CREATE",
+        "UPDATE",
+        "DELETE",
+    }
+    account = one(default, "ServiceAccount", "-agent")["metadata"]["name"]
+    (condition,) = spec["matchConditions"]
+    assert f'"system:serviceaccount:{NAMESPACE}:{account}"' in condition["expression"]
+    assert "authentication.kubernetes.io/node-name" in spec["variables"][0]["expression"]
+
+    # The validations, evaluated for (node of the agent, node of the slice).
+    def allowed(user_node: str, object_node: str) -> bool:
+        context = {"variables": {"userNodeName": user_node, "objectNodeName": object_node}}
+        return all(cel.evaluate(v["expression"], copy.deepcopy(context)) for v in spec["validations"])
+
+    assert allowed("node-a", "node-a")
+    assert not allowed("node-a", "node-b")
+    assert not allowed("node-a", "")
+    assert not allowed("", "")
+
+
+def test_notes_name_the_mode() -> None:
+    assert "fake devices, profile h100-8x" in render_notes(load_values("fake-values"))
+    notes = render_notes(None)
+    assert "real GPUs through NVML" in notes and "nvidia.com/gpu" in notes
