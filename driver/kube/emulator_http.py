@@ -29,7 +29,16 @@ _JOIN_SECONDS = 5.0
 _VERSION = {
     "major": "1",
     "minor": "37",
+    "emulationMajor": "1",
+    "emulationMinor": "37",
+    "minCompatibilityMajor": "1",
+    "minCompatibilityMinor": "36",
     "gitVersion": "v1.37.0-fractional-emulator",
+    "gitCommit": "0000000000000000000000000000000000000000",
+    "gitTreeState": "clean",
+    "buildDate": "2026-01-01T00:00:00Z",
+    "goVersion": "none (Python test double)",
+    "compiler": "cpython",
     "platform": "linux/amd64",
 }
 _VERBS = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]

@@ -14,7 +14,7 @@ import secrets
 import threading
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -96,7 +96,7 @@ class StatusError(Exception):
 
 
 def _details(rtype: ResourceType, name: str) -> dict[str, Any]:
-    return {"name": name, "group": rtype.group, "kind": rtype.plural}
+    return {"name": name, "group": rtype.group, "kind": rtype.qualified}
 
 
 def not_found_error(rtype: ResourceType, name: str) -> StatusError:
@@ -185,7 +185,7 @@ class Store:
         self._lock = threading.Lock()
         self._objects: dict[str, dict[tuple[str, str], Obj]] = {}
         self._history: dict[str, deque[WatchEvent]] = {}
-        self._evicted: dict[str, int] = {}  # plural -> resource version of the newest evicted event
+        self._evicted: dict[str, int] = {}  # resource -> version of the newest evicted event
         self._watchers: dict[str, set[Watcher]] = {}
         self._resource_version = 0
         self._history_limit = history_limit
@@ -194,14 +194,14 @@ class Store:
 
     def get(self, rtype: ResourceType, namespace: str, name: str) -> Obj:
         with self._lock:
-            obj = self._objects.get(rtype.plural, {}).get((namespace, name))
+            obj = self._objects.get(rtype.qualified, {}).get((namespace, name))
         if obj is None:
             raise not_found_error(rtype, name)
         return obj
 
     def list(self, rtype: ResourceType, namespace: str | None) -> tuple[list[Obj], str]:
         with self._lock:
-            objects = list(self._objects.get(rtype.plural, {}).values())
+            objects = list(self._objects.get(rtype.qualified, {}).values())
             resource_version = str(self._resource_version)
         if namespace is not None:
             objects = [obj for obj in objects if obj["metadata"].get("namespace") == namespace]
@@ -242,7 +242,7 @@ class Store:
             prepared = prepare(stamped)
             key = _key(prepared)
             with self._lock:
-                objects = self._objects.setdefault(rtype.plural, {})
+                objects = self._objects.setdefault(rtype.qualified, {})
                 if key in objects:
                     if metadata.get("name"):
                         raise already_exists_error(rtype, name)
@@ -267,12 +267,12 @@ class Store:
         key = (namespace, name)
         for _ in range(_COMMIT_ATTEMPTS):
             with self._lock:
-                current = self._objects.get(rtype.plural, {}).get(key)
+                current = self._objects.get(rtype.qualified, {}).get(key)
             if current is None:
                 raise not_found_error(rtype, name)
             new = compute(current)
             with self._lock:
-                objects = self._objects.get(rtype.plural, {})
+                objects = self._objects.get(rtype.qualified, {})
                 if objects.get(key) is not current:
                     continue
                 new = _with_metadata(new, resourceVersion=current["metadata"]["resourceVersion"])
@@ -294,7 +294,7 @@ class Store:
         """Delete, or mark deleting while finalizers remain. Returns (object, removed)."""
         key = (namespace, name)
         with self._lock:
-            objects = self._objects.get(rtype.plural, {})
+            objects = self._objects.get(rtype.qualified, {})
             current = objects.get(key)
             if current is None:
                 raise not_found_error(rtype, name)
@@ -323,13 +323,13 @@ class Store:
         self._resource_version += 1
         obj = _with_metadata(obj, resourceVersion=str(self._resource_version))
         if event_type != "DELETED":
-            self._objects.setdefault(rtype.plural, {})[key] = obj
+            self._objects.setdefault(rtype.qualified, {})[key] = obj
         event = WatchEvent(self._resource_version, event_type, obj, previous)
-        history = self._history.setdefault(rtype.plural, deque())
+        history = self._history.setdefault(rtype.qualified, deque())
         if len(history) >= self._history_limit:
-            self._evicted[rtype.plural] = history.popleft().resource_version
+            self._evicted[rtype.qualified] = history.popleft().resource_version
         history.append(event)
-        for watcher in self._watchers.get(rtype.plural, ()):
+        for watcher in self._watchers.get(rtype.qualified, ()):
             watcher.events.put(event)
         return obj
 
@@ -341,28 +341,30 @@ class Store:
         An unset or ``"0"`` version starts with the current objects; a version older than the
         kept history raises 410 Gone as an ERROR event would report it.
         """
-        plural = watcher.rtype.plural
+        resource = watcher.rtype.qualified
         with self._lock:
             if resource_version in (None, "", "0"):
                 initial = [
                     WatchEvent(int(obj["metadata"]["resourceVersion"]), "ADDED", obj)
-                    for obj in self._objects.get(plural, {}).values()
+                    for obj in self._objects.get(resource, {}).values()
                 ]
             else:
                 since = _parse_resource_version(resource_version)
-                if since < self._evicted.get(plural, 0):
+                if since < self._evicted.get(resource, 0):
                     raise StatusError(
                         code=410,
                         reason="Expired",
-                        message=f"too old resource version: {since} ({self._evicted[plural] + 1})",
+                        message=f"too old resource version: {since} ({self._evicted[resource] + 1})",
                     )
-                initial = [event for event in self._history.get(plural, ()) if event.resource_version > since]
-            self._watchers.setdefault(plural, set()).add(watcher)
+                initial = [
+                    event for event in self._history.get(resource, ()) if event.resource_version > since
+                ]
+            self._watchers.setdefault(resource, set()).add(watcher)
         return initial
 
     def unwatch(self, watcher: Watcher) -> None:
         with self._lock:
-            self._watchers.get(watcher.rtype.plural, set()).discard(watcher)
+            self._watchers.get(watcher.rtype.qualified, set()).discard(watcher)
 
     def close_watchers(self) -> None:
         """End every open watch stream (server stop)."""
@@ -372,10 +374,14 @@ class Store:
         for watcher in watchers:
             watcher.events.put(None)
 
-    def objects(self, plurals: Iterable[str]) -> int:
-        """How many objects the given resources hold (tests, benches)."""
+    def objects(self, plurals: Collection[str]) -> int:
+        """How many objects the given resources (``plural`` or ``plural.group``) hold."""
         with self._lock:
-            return sum(len(self._objects.get(plural, {})) for plural in plurals)
+            return sum(
+                len(objects)
+                for key, objects in self._objects.items()
+                if key in plurals or key.split(".", 1)[0] in plurals
+            )
 
 
 def _parse_resource_version(text: str) -> int:
