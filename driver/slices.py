@@ -244,7 +244,7 @@ def render_slices(slices: Iterable[Mapping[str, Any]], fmt: str) -> str:
     """``yaml``: one document per slice (``kubectl apply -f`` ready); ``json``: a ``v1`` ``List``."""
     items = [dict(item) for item in slices]
     if fmt == "yaml":
-        return yaml.safe_dump_all(items, sort_keys=False, default_flow_style=False).rstrip("\n")
+        return str(yaml.safe_dump_all(items, sort_keys=False, default_flow_style=False)).rstrip("\n")
     if fmt == "json":
         return json.dumps({"apiVersion": "v1", "kind": "List", "items": items}, indent=2)
     raise ValueError(f"output format {fmt!r} is not one of yaml, json")

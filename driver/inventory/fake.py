@@ -8,7 +8,8 @@ documented in ``fake_devices/README.md``.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -285,7 +286,8 @@ class _ProfileParser:
 
     def check_unique(self, gpus: list[GPU], nics: list[NIC]) -> None:
         seen_bus: dict[str, str] = {}
-        for kind, devices in (("gpus", gpus), ("nics", nics)):
+        groups: tuple[tuple[str, Sequence[GPU | NIC]], ...] = (("gpus", gpus), ("nics", nics))
+        for kind, devices in groups:
             for index, device in enumerate(devices):
                 where = f"{kind}[{index}] ({device.pci_bus_id})"
                 if device.pci_bus_id in seen_bus:
@@ -317,8 +319,6 @@ class _ProfileParser:
     @staticmethod
     def link_nvlink_peers(gpus: list[GPU]) -> list[GPU]:
         """GPUs that declare the same ``nvlinkDomain`` reach each other over NVLink/NVSwitch."""
-        from dataclasses import replace
-
         by_domain: dict[str, list[str]] = {}
         for gpu in gpus:
             if gpu.nvlink_domain:

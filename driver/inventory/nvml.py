@@ -17,7 +17,13 @@ from typing import Any, TypeVar
 
 from driver.errors import InventoryError
 from driver.inventory import sysfs
-from driver.inventory.model import GPU, NodeInventory, assign_device_names, normalize_pci_bus_id
+from driver.inventory.model import (
+    GPU,
+    NodeInventory,
+    assign_device_names,
+    normalize_pci_bus_id,
+    normalize_version,
+)
 
 __all__ = ["discover_nvml"]
 
@@ -120,7 +126,7 @@ def discover_nvml(
     )
 
 
-def _import_pynvml() -> ModuleType:
+def _import_pynvml() -> Any:
     try:
         import pynvml
     except ImportError as error:  # nvidia-ml-py is a declared dependency; say what is missing
@@ -131,8 +137,6 @@ def _import_pynvml() -> ModuleType:
 
 
 def _version(raw: str | bytes, field: str) -> str:
-    from driver.inventory.model import normalize_version
-
     text = raw.decode() if isinstance(raw, bytes) else str(raw)
     try:
         return normalize_version(text)
