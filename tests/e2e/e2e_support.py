@@ -1,0 +1,150 @@
+"""kubectl-driven helpers for the kind end-to-end tests (``make kind-up`` then ``make kind-e2e``).
+
+Everything goes through ``kubectl --context kind-fractional-dra`` (override with
+``FRACTIONAL_E2E_CONTEXT``), so the tests exercise the cluster exactly as a user would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+__all__ = [
+    "CONTEXT",
+    "DRIVER",
+    "IMAGE",
+    "KubectlError",
+    "apply",
+    "cluster_problem",
+    "get",
+    "kubectl",
+    "list_items",
+    "pod",
+    "pod_env",
+    "wait_for",
+]
+
+CONTEXT = os.environ.get("FRACTIONAL_E2E_CONTEXT", "kind-fractional-dra")
+IMAGE = os.environ.get("FRACTIONAL_E2E_IMAGE", "busybox:1.36")
+DRIVER = "fractional.dev"
+
+T = TypeVar("T")
+
+
+class KubectlError(RuntimeError):
+    pass
+
+
+def kubectl(*args: str, stdin: str | None = None, timeout: float = 60) -> str:
+    command = ["kubectl", "--context", CONTEXT, *args]
+    done = subprocess.run(command, input=stdin, capture_output=True, text=True, timeout=timeout, check=False)
+    if done.returncode != 0:
+        raise KubectlError(f"{' '.join(command)}: {done.stderr.strip() or done.stdout.strip()}")
+    return done.stdout
+
+
+def cluster_problem() -> str | None:
+    """Why the e2e tests cannot run here, or None when the kind cluster and the driver are there."""
+    if shutil.which("kubectl") is None:
+        return "kubectl is not installed"
+    try:
+        kubectl("get", "--raw", "/readyz", timeout=15)
+    except (KubectlError, subprocess.TimeoutExpired) as error:
+        return f"no reachable cluster in kubectl context {CONTEXT} (run `make kind-up`): {error}"
+    try:
+        kubectl("get", "deviceclass", "gpu.fractional.dev", "-o", "name", timeout=15)
+    except KubectlError as error:
+        return f"fractional-dra is not installed in {CONTEXT} (run `make kind-up`): {error}"
+    return None
+
+
+def apply(objects: list[dict[str, Any]], namespace: str) -> None:
+    kubectl(
+        "apply",
+        "-n",
+        namespace,
+        "-f",
+        "-",
+        stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}),
+    )
+
+
+def get(resource: str, name: str, namespace: str | None = None) -> dict[str, Any]:
+    args = ["get", resource, name, "-o", "json"]
+    if namespace:
+        args += ["-n", namespace]
+    loaded: dict[str, Any] = json.loads(kubectl(*args))
+    return loaded
+
+
+def list_items(resource: str, *args: str) -> list[dict[str, Any]]:
+    loaded = json.loads(kubectl("get", resource, "-o", "json", *args))
+    items: list[dict[str, Any]] = loaded["items"]
+    return items
+
+
+def wait_for(predicate: Callable[[], T | None], *, timeout: float, what: str, interval: float = 2.0) -> T:
+    """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    pause = threading.Event()
+    last_error: Exception | None = None
+    while True:
+        try:
+            result = predicate()
+            if result:
+                return result
+        except KubectlError as error:  # e.g. not created yet
+            last_error = error
+        if time.monotonic() >= deadline:
+            raise AssertionError(
+                f"timed out after {timeout:.0f}s waiting for {what} (last error: {last_error})"
+            )
+        pause.wait(interval)
+
+
+def pod(
+    name: str,
+    claims: dict[str, dict[str, str]],
+    *,
+    command: str = "env; exec sleep 3600",
+    node: str | None = None,
+    gang: tuple[str, int] | None = None,
+) -> dict[str, Any]:
+    """A pod with one container that uses every claim; ``claims`` maps pod claim name to its source."""
+    metadata: dict[str, Any] = {"name": name}
+    spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": 1,
+        "resourceClaims": [{"name": claim, **source} for claim, source in claims.items()],
+        "containers": [
+            {
+                "name": "main",
+                "image": IMAGE,
+                "command": ["sh", "-c", command],
+                "resources": {"claims": [{"name": claim} for claim in claims]},
+            }
+        ],
+    }
+    if node:
+        spec["nodeSelector"] = {"kubernetes.io/hostname": node}
+    if gang:
+        metadata["labels"] = {"fractional.dev/gang": gang[0]}
+        metadata["annotations"] = {"fractional.dev/gang-size": str(gang[1])}
+        spec["schedulingGates"] = [{"name": "fractional.dev/allocation"}]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
+
+
+def pod_env(name: str, namespace: str) -> dict[str, str]:
+    """The environment the container printed (its command starts with ``env``)."""
+    env = {}
+    for line in kubectl("logs", "-n", namespace, name, "-c", "main").splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.isidentifier():
+            env[key] = value
+    return env
