@@ -61,6 +61,39 @@ def violates_policy(value: Number, spec: CapacitySpec) -> bool:
 
 
 _EMPTY: dict[str, Number] = {}
+_BASE: dict[
+    tuple[int, tuple[tuple[str, Number], ...] | None], tuple[tuple[str, Number, Number], ...] | None
+] = {}
+
+
+def _base_consumption(
+    device: Device, requested: tuple[tuple[str, Number], ...] | None
+) -> tuple[tuple[str, Number, Number], ...] | None:
+    """(capacity, consumed, value) for every capacity, or None (missing capacity, policy violated).
+
+    Depends only on the device's capacities and the request, so it is memoized by ``capacity_id``.
+    """
+    key = (device.capacity_id, requested)
+    if key in _BASE:
+        return _BASE[key]
+    wanted = dict(requested) if requested else _EMPTY
+    capacity = device.capacity
+    result: tuple[tuple[str, Number, Number], ...] | None
+    if any(name not in capacity for name in wanted):
+        result = None
+    else:
+        rows = []
+        for name, spec in capacity.items():
+            value = consumed_value(wanted.get(name), spec)
+            if violates_policy(value, spec):
+                rows = None
+                break
+            rows.append((name, value, spec.value))
+        result = tuple(rows) if rows is not None else None
+    if len(_BASE) > 100_000:
+        _BASE.clear()
+    _BASE[key] = result
+    return result
 
 
 def compute_consumption(
@@ -70,19 +103,17 @@ def compute_consumption(
     allocating: Mapping[str, Number] | None,
 ) -> dict[str, Number] | None:
     """``CmpRequestOverCapacity``: every capacity's consumption, or None when the device cannot take it."""
-    wanted = dict(requested) if requested else _EMPTY
-    capacity = device.capacity
-    for key in wanted:
-        if key not in capacity:
-            return None
+    base = _base_consumption(device, requested)
+    if base is None:
+        return None
+    if committed is None and allocating is None:
+        for _name, value, total in base:
+            if value > total:
+                return None
+        return {name: value for name, value, _ in base}
     committed = committed or _EMPTY
     allocating = allocating or _EMPTY
-    consumed: dict[str, Number] = {}
-    for key, spec in capacity.items():
-        value = consumed_value(wanted.get(key), spec)
-        if violates_policy(value, spec):
+    for name, value, total in base:
+        if value + committed.get(name, 0) + allocating.get(name, 0) > total:
             return None
-        if value + committed.get(key, 0) + allocating.get(key, 0) > spec.value:
-            return None
-        consumed[key] = value
-    return consumed
+    return {name: value for name, value, _ in base}

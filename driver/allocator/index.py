@@ -65,5 +65,6 @@ class FreeIndex:
                 bucket = buckets.get(key)
                 if bucket is None:
                     continue
-                for item in list(bucket):
+                # No copy: consumers stop iterating before they change the index.
+                for item in bucket:
                     yield item, group == 0, key

@@ -95,6 +95,7 @@ class Device:
     pcie_root: Any = None
     numa_node: Any = None
     memory_key: str | None = None  # the capacity whose id is "memory", used by best-fit scoring
+    capacity_id: int = 0  # equal for devices with equal capacities and policies (a cache key)
 
 
 @dataclass(eq=False, slots=True)
@@ -145,7 +146,23 @@ def _split(name: str, driver: str) -> tuple[str, str]:
     return driver, name
 
 
+_CAPACITY_CACHE: dict[str, CapacitySpec] = {}
+_CAPACITY_IDS: dict[tuple[tuple[str, CapacitySpec], ...], int] = {}
+
+
 def _capacity(raw: Mapping[str, Any]) -> CapacitySpec:
+    """Parsed capacity, memoized by content (every GPU of a model publishes the same capacities)."""
+    key = repr(raw)
+    cached = _CAPACITY_CACHE.get(key)
+    if cached is None:
+        cached = _parse_capacity(raw)
+        if len(_CAPACITY_CACHE) > 10_000:
+            _CAPACITY_CACHE.clear()
+        _CAPACITY_CACHE[key] = cached
+    return cached
+
+
+def _parse_capacity(raw: Mapping[str, Any]) -> CapacitySpec:
     value = parse_quantity(raw["value"])
     policy = raw.get("requestPolicy")
     if not policy:
@@ -219,6 +236,8 @@ def _device(raw: Mapping[str, Any], driver: str, pool: str, slice_name: str) -> 
         facts=facts,
         memory_key=memory_key,
     )
+    capacity_key = tuple(capacity.items())
+    device.capacity_id = _CAPACITY_IDS.setdefault(capacity_key, len(_CAPACITY_IDS))
     pcie = lookup_attribute(device, PCIE_ROOT)
     numa = lookup_attribute(device, NUMA_NODE)
     device.pcie_root = pcie[1] if pcie else None

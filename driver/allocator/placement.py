@@ -158,15 +158,26 @@ class _Gang:
         self.claims = claims
         self.groups = groups
         self.best_fit = best_fit
-        self.nodes = [n for n in state.node_names() if n not in exclude]
-        self.allowed = set(self.nodes)
+        self.exclude = exclude
+        self._nodes: list[str] | None = None
         self.tentative: list[str] = []
+
+    @property
+    def nodes(self) -> list[str]:
+        """Candidate nodes in name order (built only by the paths that scan nodes)."""
+        if self._nodes is None:
+            exclude = self.exclude
+            self._nodes = [n for n in self.state.node_names() if n not in exclude]
+        return self._nodes
+
+    def allowed(self, node: str) -> bool:
+        return node not in self.exclude and self.state.is_node(node)
 
     # ------------------------------------------------------------ the gang
 
     def place(self) -> list[tuple[str, Solution]] | None:
         state = self.state
-        if not self.nodes:
+        if not self.state.node_names():
             return None
         if not self._prechecks():
             return None
@@ -216,26 +227,31 @@ class _Gang:
         if any(d is None for d in demands) or self.state.has_global_pools:
             return True
         state = self.state
-        by_key: dict[str, Number] = {}
-        for key, _largest, total in demands:  # type: ignore[misc]
-            by_key[key] = by_key.get(key, 0) + total
-        node_free = {n: state.node_free.get(n, 0) for n in self.nodes}
-        if len(by_key) == 1 and sum(node_free.values()) < next(iter(by_key.values())):
+        total = sum(d[2] for d in demands if d is not None)
+        if len({d[0] for d in demands if d is not None}) == 1 and state.total_free < total:
             return False
-        best_node_free = max(node_free.values(), default=0)
+        simple = (
+            len(self.groups) == 1
+            and all(len(c.slots) == 1 and c.slots[0].alternatives[0].count == 1 for c in self.claims)
+            and len(self.claims) == 1
+        )
+        if simple:
+            return True  # the index walk itself rejects a single device request quickly
+        best_node_free = max((state.node_free.get(n, 0) for n in self.nodes), default=0)
         for group, demand in zip(self.groups, demands, strict=True):
-            key, largest, total = demand  # type: ignore[misc]
-            if total > best_node_free:
+            assert demand is not None
+            key, largest, group_total = demand
+            if group_total > best_node_free:
                 return False
             needed_devices = max(
                 (r.count for i in group for slot in self.claims[i].slots for r in slot.alternatives[:1]),
                 default=1,
             )
-            if needed_devices > 1 and len(self.groups) <= 64:
+            if needed_devices > 1:
                 per_node: dict[str, int] = {}
                 enough = False
                 for (node, _), _in_use, _free in state.indexes[key].iter_at_least(largest):
-                    if node in self.allowed:
+                    if self.allowed(node):
                         per_node[node] = per_node.get(node, 0) + 1
                         if per_node[node] >= needed_devices:
                             enough = True
@@ -300,11 +316,19 @@ class _Gang:
     def _pick(self, claims: Sequence[Claim], accept: Any, multi: bool) -> tuple[str, Solution] | None:
         found: list[tuple[str, Solution]] = []
         first_rank: Any = None
+        examined = 0
         for node, rank in self._candidates(claims, multi):
             if accept is not None and not accept(node):
                 continue
-            if found and self.best_fit and rank is not None and rank != first_rank:
-                break
+            if found and self.best_fit and rank is not None:
+                if rank != first_rank:
+                    break
+                examined += 1
+                if examined > FEASIBLE_NODES_COMPARED:
+                    break
+                fullest = min(self.state.node_free.get(n, 0) for n, _ in found)
+                if not multi and self.state.node_free.get(node, 0) >= fullest:
+                    continue  # same device rank: only a fuller node can win the tie-break
             solution = self._evaluate(node, claims)
             if solution is None:
                 continue
@@ -341,12 +365,12 @@ class _Gang:
         seen: set[str] = set()
         if not self.best_fit:
             for (node, _), _in_use, _free in state.indexes[key].iter_at_least(largest):
-                if node in self.allowed:
+                if self.allowed(node):
                     seen.add(node)
             yield from ((n, None) for n in sorted(seen))
             return
         for (node, _), in_use, free in state.indexes[key].iter_at_least(largest):
-            if node in seen or node not in self.allowed:
+            if node in seen or not self.allowed(node):
                 continue
             seen.add(node)
             yield node, (in_use, free)

@@ -178,7 +178,7 @@ class NodeSearch:
                     counts.append(len(devices))
                 else:
                     counts.append(request.count)
-                    if self._hopeless(claim_index, request):
+                    if request.count > 1 and self._hopeless(claim_index, request):
                         self.hopeless.add((claim_index, slot_index, alt_index))
             minimum += min(counts)
         if minimum > MAX_RESULTS:
@@ -267,8 +267,12 @@ class NodeSearch:
             undo = self._try(ci, request, all_list[k], all_mode=True)
             if undo is None:
                 return False
-            if self._step(ci, si, alt, k + 1, None, 0):
-                return True
+            try:
+                if self._step(ci, si, alt, k + 1, None, 0):
+                    return True
+            except _LimitExceeded:
+                undo()
+                raise
             undo()
             return False
         if order is None:
@@ -278,8 +282,12 @@ class NodeSearch:
             undo = self._try(ci, request, order[index], all_mode=False)
             if undo is None:
                 continue
-            if self._step(ci, si, alt, k + 1, order, index + 1):
-                return True
+            try:
+                if self._step(ci, si, alt, k + 1, order, index + 1):
+                    return True
+            except _LimitExceeded:
+                undo()  # the enclosing firstAvailable loop tries its next subrequest on a clean state
+                raise
             undo()
         return False
 

@@ -83,6 +83,8 @@ class ClusterState:
         self.indexes: dict[str, FreeIndex] = {}
         self.node_free: dict[str, Number] = {}
         self.infeasible: dict[tuple[Any, str], tuple[int, int]] = {}
+        self.total_free: Number = 0
+        self._node_list: list[str] | None = None
 
     # ------------------------------------------------------------ slices, classes, nodes
 
@@ -131,6 +133,7 @@ class ClusterState:
                 del self._pool_global[key]
 
     def _touch_pool(self, key: tuple[str, str]) -> None:
+        self._node_list = None
         self._counter_cache.pop(key, None)
         if self._pool_global.get(key):
             self._all_dirty = True
@@ -157,19 +160,24 @@ class ClusterState:
         if self._labels.get(name) != new or name not in self._labels:
             self._labels[name] = new
             self._dirty[name] = None
+            self._node_list = None
 
     def remove_node(self, name: str) -> None:
         if self._labels.pop(name, None) is not None:
             self._dirty[name] = None
+            self._node_list = None
 
     def labels(self, node: str) -> dict[str, str]:
         return self._labels.get(node, {})
 
     def node_names(self) -> list[str]:
-        """Candidate nodes: the known nodes, or (when none were given) the nodeName values of slices."""
-        if self._labels:
-            return sorted(self._labels)
-        return sorted(self._node_pools)
+        """Candidate nodes, sorted: the known nodes, else the nodeName values of slices."""
+        if self._node_list is None:
+            self._node_list = sorted(self._labels) if self._labels else sorted(self._node_pools)
+        return self._node_list
+
+    def is_node(self, name: str) -> bool:
+        return name in self._labels if self._labels else name in self._node_pools
 
     # ------------------------------------------------------------ claims (the ledger)
 
@@ -286,7 +294,7 @@ class ClusterState:
                 home = self._device_home.pop(device_id, None)
                 if home is not None and home[1].memory_key is not None:
                     self.indexes[home[1].memory_key].remove((node, device_id))
-            self.node_free.pop(node, None)
+            self.total_free -= self.node_free.pop(node, 0)
             if node in self._node_pools or node in self._labels:
                 self.view(node)
 
@@ -338,6 +346,7 @@ class ClusterState:
             free = total
             index.put(item, in_use=False, free=free)
         self.node_free[node] = self.node_free.get(node, 0) - old_free + free
+        self.total_free += free - old_free
 
     # ------------------------------------------------------------ allocation and summaries
 
