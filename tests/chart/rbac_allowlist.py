@@ -35,14 +35,14 @@ class Grant:
 # simulator are test doubles and not deployed.
 AGENT_CODE = (
     "driver/plugin/**/*.py",
+    "driver/publisher.py",
     "driver/slices.py",
-    "driver/slices/**/*.py",
     "driver/inventory/**/*.py",
 )
 CONTROLLER_CODE = ("driver/controller/**/*.py",)
 EXCLUDED_CODE = ("driver/plugin/proto_gen/**",)
 
-_PUBLISHER = ("driver/slices.py", "driver/slices/**/*.py")
+_PUBLISHER = ("driver/publisher.py",)
 _PLUGIN = ("driver/plugin/**/*.py",)
 
 GRANTS: tuple[Grant, ...] = (
@@ -52,10 +52,11 @@ GRANTS: tuple[Grant, ...] = (
         "cluster",
         "resource.k8s.io",
         "resourceslices",
-        ("get", "list", "watch", "create", "update", "patch", "delete"),
-        "publisher keeps the node's pool equal to the inventory: lists/watches its slices, creates, "
-        "updates (generation bumps), deletes obsolete ones, re-creates wiped ones (issue 2, "
-        "kubelet-protocol.md section 5); the admission policy keeps it to its own node",
+        ("list", "create", "update", "delete"),
+        "the publisher keeps the node's pool equal to the inventory: lists its slices (periodic "
+        "resync, no watch), creates, replaces with the resourceVersion (generation bumps), deletes "
+        "obsolete ones with preconditions (driver/publisher.py, kubelet-protocol.md section 5); the "
+        "admission policy keeps it to its own node",
         _PUBLISHER,
     ),
     Grant(

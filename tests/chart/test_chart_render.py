@@ -362,6 +362,7 @@ def test_controller_is_replicated_with_leader_election(default: list[dict[str, A
     assert env["FRACTIONAL_LEADER_ELECT"] == "true"
     assert env["FRACTIONAL_LEASE_NAMESPACE"] == ("fieldRef", "metadata.namespace")
     assert env["FRACTIONAL_IDENTITY"] == ("fieldRef", "metadata.name")
+    assert controller["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert controller["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     service = one(default, "Service", "-controller-metrics")
