@@ -223,10 +223,17 @@ class _Gang:
 
     def _prechecks(self) -> bool:
         """Cheap necessary conditions for indexed demands: total free, per-node free, devices per node."""
-        demands = [self._demand(g) for g in self.groups]
-        if any(d is None for d in demands) or self.state.has_global_pools:
-            return True
         state = self.state
+        most = state.max_candidates()
+        for group in self.groups:
+            for i in group:
+                for slot in self.claims[i].slots:
+                    fewest = min((r.count for r in slot.alternatives if not r.all_mode), default=0)
+                    if fewest > most:
+                        return False  # one request needs more distinct devices than any node has
+        demands = [self._demand(g) for g in self.groups]
+        if any(d is None for d in demands) or state.has_global_pools:
+            return True
         total = sum(d[2] for d in demands if d is not None)
         if len({d[0] for d in demands if d is not None}) == 1 and state.total_free < total:
             return False

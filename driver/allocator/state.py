@@ -85,6 +85,7 @@ class ClusterState:
         self.infeasible: dict[tuple[Any, str], tuple[int, int]] = {}
         self.total_free: Number = 0
         self._node_list: list[str] | None = None
+        self._max_candidates: int | None = None
 
     # ------------------------------------------------------------ slices, classes, nodes
 
@@ -287,6 +288,7 @@ class ClusterState:
         if not self._dirty:
             return
         dirty, self._dirty = self._dirty, {}
+        self._max_candidates = None
         for node in dirty:
             self._views.pop(node, None)
             self._node_versions[node] = self._node_versions.get(node, 0) + 1
@@ -297,6 +299,12 @@ class ClusterState:
             self.total_free -= self.node_free.pop(node, 0)
             if node in self._node_pools or node in self._labels:
                 self.view(node)
+
+    def max_candidates(self) -> int:
+        """The most devices any node can allocate from (a bound for gang pre-checks)."""
+        if self._max_candidates is None:
+            self._max_candidates = max((len(self.view(n).candidates) for n in self.node_names()), default=0)
+        return self._max_candidates
 
     def view(self, node: str) -> NodeView:
         view = self._views.get(node)

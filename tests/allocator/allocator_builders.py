@@ -79,17 +79,31 @@ def resource_slice(
         spec["devices"] = devices
     if counters is not None:
         spec["sharedCounters"] = counters
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": name}, "spec": spec}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": name},
+        "spec": spec,
+    }
 
 
 def device_class(
-    name: str = "class-a", *, driver: str = DRIVER, selectors: list[str] | None = None, config: list[Any] | None = None
+    name: str = "class-a",
+    *,
+    driver: str = DRIVER,
+    selectors: list[str] | None = None,
+    config: list[Any] | None = None,
 ) -> dict[str, Any]:
     expressions = selectors if selectors is not None else [f'device.driver == "{driver}"']
     spec: dict[str, Any] = {"selectors": [{"cel": {"expression": e}} for e in expressions]}
     if config:
         spec["config"] = config
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": name}, "spec": spec}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": name},
+        "spec": spec,
+    }
 
 
 def exact(
@@ -161,7 +175,7 @@ def allocated_claim(name: str, *results: dict[str, Any]) -> dict[str, Any]:
     return with_allocation(claim(name), {"devices": {"results": list(results)}})
 
 
-# ---------------------------------------------------------------- slices shaped like ours (DESIGN.md section 2)
+# ---------------------------------------------------------------- slices like ours (DESIGN.md section 2)
 
 
 def gpu_device(
@@ -204,14 +218,23 @@ def nic_device(index: int, *, numa: int = 0, pcie_root: str | None = None) -> di
 
 
 def node_slice(
-    node: str, *, gpus: int = 8, memory_gi: int = 80, nics: int = 0, multi: bool = True, generation: int = 1
+    node: str,
+    *,
+    gpus: int = 8,
+    memory_gi: int = 80,
+    nics: int = 0,
+    multi: bool = True,
+    generation: int = 1,
 ) -> dict[str, Any]:
-    """One of our node slices: GPUs i on NUMA i // (gpus/2), PCIe root per GPU pair, NIC j beside GPU pair j."""
+    """Our node slice: GPU i on NUMA i // (gpus/2), one PCIe root per GPU pair, NIC j beside GPU pair j."""
     half = max(1, gpus // 2)
     devices = [
-        gpu_device(i, memory_gi=memory_gi, numa=i // half, pcie_root=f"pci{i // 2}", multi=multi) for i in range(gpus)
+        gpu_device(i, memory_gi=memory_gi, numa=i // half, pcie_root=f"pci{i // 2}", multi=multi)
+        for i in range(gpus)
     ]
-    devices += [nic_device(j, numa=(2 * j) // max(1, gpus) if gpus else 0, pcie_root=f"pci{j}") for j in range(nics)]
+    devices += [
+        nic_device(j, numa=(2 * j) // max(1, gpus) if gpus else 0, pcie_root=f"pci{j}") for j in range(nics)
+    ]
     return resource_slice(f"{node}-{OURS}", devices, node=node, driver=OURS, generation=generation)
 
 

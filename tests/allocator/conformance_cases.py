@@ -1,3 +1,4 @@
+# ruff: noqa: E501 - one scenario per table row reads better than wrapped rows
 """Conformance scenarios from dra-api.md section 6 (upstream ``allocatortesting``), as table data.
 
 Each case: slices, classes, claims, already-allocated claims, node, and the expectation:
@@ -64,7 +65,9 @@ def _cap(value: str, policy: dict[str, Any] | None = None) -> dict[str, Any]:
     return out
 
 
-PINNED = {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node1"]}]}]}
+PINNED = {
+    "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node1"]}]}]
+}
 ZONE_A = {"nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}]}
 RACK_1 = {"nodeSelectorTerms": [{"matchExpressions": [{"key": "rack", "operator": "In", "values": ["1"]}]}]}
 TWO_DEVICES = [device("device-1"), device("device-2")]

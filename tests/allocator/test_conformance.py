@@ -1,4 +1,4 @@
-"""Upstream conformance scenarios (dra-api.md section 6): first-fit matches, best-fit agrees on feasibility."""
+"""Upstream conformance scenarios (dra-api.md section 6): first-fit matches, best-fit agrees."""
 
 from __future__ import annotations
 
