@@ -97,6 +97,7 @@ class APIServer:
         if self._httpd is not None:
             raise RuntimeError("APIServer already started")
         self._httpd = ThreadedHTTPServer(self._address, self)
+        self._address = (self._address[0], int(self._httpd.server_address[1]))
         self._serve_thread = threading.Thread(
             target=self._httpd.serve_forever, kwargs={"poll_interval": 0.1}, name="apiserver", daemon=True
         )
@@ -127,8 +128,8 @@ class APIServer:
 
     @property
     def url(self) -> str:
-        host, port = self._httpd.server_address[:2] if self._httpd else self._address
-        return f"http://{host}:{port}"
+        """``http://host:port`` with the bound port (kept after ``stop()``)."""
+        return f"http://{self._address[0]}:{self._address[1]}"
 
     def configuration(self) -> client.Configuration:
         """A fresh client ``Configuration`` for this server (never the global default)."""
@@ -232,7 +233,7 @@ class APIServer:
         matches = build_matcher(
             query.get("labelSelector"), query.get("fieldSelector"), rtype.field_labels, rtype.kind
         )
-        items, resource_version = self._store.list(rtype, route.namespace)
+        items, resource_version = self._store.list_objects(rtype, route.namespace)
         return {
             "kind": f"{rtype.kind}List",
             "apiVersion": rtype.api_version,
@@ -312,7 +313,7 @@ class APIServer:
         matches = build_matcher(
             query.get("labelSelector"), query.get("fieldSelector"), rtype.field_labels, rtype.kind
         )
-        items, _ = self._store.list(rtype, route.namespace)
+        items, _ = self._store.list_objects(rtype, route.namespace)
         for item in items:
             if matches(item):
                 with contextlib.suppress(StatusError):  # deleted concurrently

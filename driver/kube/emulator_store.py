@@ -199,7 +199,7 @@ class Store:
             raise not_found_error(rtype, name)
         return obj
 
-    def list(self, rtype: ResourceType, namespace: str | None) -> tuple[list[Obj], str]:
+    def list_objects(self, rtype: ResourceType, namespace: str | None) -> tuple[list[Obj], str]:
         with self._lock:
             objects = list(self._objects.get(rtype.qualified, {}).values())
             resource_version = str(self._resource_version)
