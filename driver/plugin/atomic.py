@@ -18,10 +18,15 @@ def _fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
-def write_atomically(path: Path, data: bytes, *, mode: int = 0o644) -> None:
+def write_atomically(
+    path: Path, data: bytes, *, mode: int = 0o644, fsync_file: bool = True, fsync_directory: bool = True
+) -> None:
     """Temp file in the same directory, fsync, rename over ``path``, fsync the directory.
 
-    The temp name starts with ``.`` and ends with ``.tmp`` so that CDI caches never load it.
+    The rename alone makes the write atomic for readers and against a crash of this process (the
+    page cache survives it); ``fsync_file`` keeps the content from being lost on power failure, and
+    ``fsync_directory`` the rename itself. The temp name starts with ``.`` and ends with ``.tmp`` so
+    that CDI caches never load it.
     """
     fd, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -29,10 +34,12 @@ def write_atomically(path: Path, data: bytes, *, mode: int = 0o644) -> None:
             handle.write(data)
             handle.flush()
             os.fchmod(handle.fileno(), mode)
-            os.fsync(handle.fileno())
+            if fsync_file:
+                os.fsync(handle.fileno())
         os.replace(temp_name, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temp_name)
         raise
-    _fsync_directory(path.parent)
+    if fsync_directory:
+        _fsync_directory(path.parent)

@@ -117,7 +117,8 @@ def render_checkpoint(checkpoint: Checkpoint, boot_id: str) -> bytes:
         },
     }
     body["checksum"] = _checksum(body)
-    return json.dumps(body, sort_keys=True, indent=1).encode() + b"\n"
+    # Compact on purpose: ``indent`` switches json to its pure-Python encoder (10x slower).
+    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode() + b"\n"
 
 
 def parse_checkpoint(data: bytes, path: Path) -> Checkpoint:
@@ -204,7 +205,23 @@ class CheckpointStore:
         self._cached = checkpoint
         return checkpoint
 
-    def save(self, checkpoint: Checkpoint) -> None:
+    def save(self, checkpoint: Checkpoint, *, durable: bool = True) -> None:
+        """Atomic replace (temp file + rename). ``durable`` also fsyncs the content.
+
+        Durability policy (a crash of the agent never needs fsync: the page cache survives it). A
+        power loss changes the boot id, which invalidates every entry and wipes every effect the
+        entries guard (daemons, CDI files on tmpfs), so a lost or torn checkpoint only costs
+        recomputation, which is deterministic, and a torn file is set aside as corrupt. Hence
+        ``PrepareStarted`` is written without fsync (``durable=False``; it exists for agent crashes)
+        and completed/removed entries with an fsync of the file but not of the directory: one disk
+        flush per Prepare instead of four.
+        """
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomically(self.path, render_checkpoint(checkpoint, self.boot_id), mode=0o600)
+        write_atomically(
+            self.path,
+            render_checkpoint(checkpoint, self.boot_id),
+            mode=0o600,
+            fsync_file=durable,
+            fsync_directory=False,
+        )
         self._cached = checkpoint

@@ -112,7 +112,8 @@ def _parse_result(index: int, raw: Mapping[str, Any], claim_key: str) -> Allocat
 def parse_claim(body: Mapping[str, Any], ref: ClaimRef, *, driver: str = DRIVER_NAME) -> Claim:
     """Check the fetched object against the kubelet's reference and keep ``driver``'s results.
 
-    Raises ``ClaimError`` when the claim was replaced (other UID) or is not allocated.
+    Raises ``ClaimError`` when the claim was replaced (other UID), is not allocated, or has no
+    result for ``driver`` (the kubelet batches claims per driver, so it should never send one).
     """
     metadata = body.get("metadata") or {}
     uid = metadata.get("uid")
@@ -131,6 +132,13 @@ def parse_claim(body: Mapping[str, Any], ref: ClaimRef, *, driver: str = DRIVER_
         for index, raw in enumerate(raw_results)
         if isinstance(raw, Mapping) and raw.get("driver") == driver
     )
+    if not results:
+        drivers = sorted({str(raw.get("driver")) for raw in raw_results if isinstance(raw, Mapping)})
+        raise ClaimError(
+            claim=ref.key,
+            field="status.allocation.devices.results",
+            problem=f"no device of driver {driver} (allocated drivers: {drivers or 'none'})",
+        )
     return Claim(ref=ref, results=results, body=body)
 
 

@@ -87,6 +87,7 @@ class DeviceState:
         self._settings = settings
         self._cdi_root = Path(cdi_root)
         self._plugin_dir = Path(plugin_dir)
+        self._plugin_dir.mkdir(parents=True, exist_ok=True)
         self._boot_id = boot_id
         self._store = CheckpointStore(plugin_dir, boot_id=boot_id, cache=not rolling_update)
         self._serialize_lock_path = self._plugin_dir / SERIALIZE_LOCK_NAME if rolling_update else None
@@ -145,7 +146,7 @@ class DeviceState:
                         boot_id=self._boot_id,
                         devices=devices,
                     )
-                    self._store.save(checkpoint.with_claim(started))
+                    self._store.save(checkpoint.with_claim(started), durable=False)
             if entry is not None and entry.is_current(self._boot_id):
                 self._ensure_cdi_specs(uid, devices)
                 return devices
@@ -165,7 +166,9 @@ class DeviceState:
                 self._effect("checkpoint-completed", uid)
                 self._write_cdi_specs(uid, devices)
                 self._effect("cdi-written", uid)
-            except BaseException:
+            except (
+                Exception
+            ):  # undo, then re-raise; a BaseException (exit, kill) is a crash: the restart recovers
                 self._undo_prepare(uid, devices)
                 raise
         return devices

@@ -213,7 +213,7 @@ def start_agent(
 
 
 @pytest.fixture
-def kubelet(node_dirs: NodeDirs) -> Iterator[Callable[..., KubeletSimulator]]:
+def make_kubelet(node_dirs: NodeDirs) -> Iterator[Callable[..., KubeletSimulator]]:
     simulators: list[KubeletSimulator] = []
 
     def make(version: str = "1.35") -> KubeletSimulator:

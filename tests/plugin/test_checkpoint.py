@@ -1,0 +1,114 @@
+"""The checkpoint: round trip, checksum, boot id, corrupt files set aside."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from prometheus_client import REGISTRY
+
+from driver.plugin.checkpoint import (
+    Checkpoint,
+    CheckpointCorruptError,
+    CheckpointStore,
+    ClaimPhase,
+    PreparedClaim,
+    parse_checkpoint,
+    read_boot_id,
+    read_checkpoint,
+    render_checkpoint,
+)
+from driver.plugin.devices import DeviceKind, PreparedDevice
+from driver.plugin.sharing.base import ContainerEdits, ShareSpec
+
+UID = "1d2c3b4a-0000-4000-8000-00000000000a"
+
+
+def prepared(phase: ClaimPhase = ClaimPhase.COMPLETED, boot_id: str = "boot-1") -> PreparedClaim:
+    share = ShareSpec(
+        claim_uid=UID,
+        device="gpu-0",
+        gpu_uuid="GPU-1",
+        ordinal=0,
+        share_id="abcd",
+        memory_bytes=1 << 30,
+        compute_percent=10,
+        whole_gpu=False,
+        backend_options=(("a", "b"),),
+    )
+    device = PreparedDevice(
+        kind=DeviceKind.GPU,
+        request_names=("gpu",),
+        pool="node-a",
+        device="gpu-0",
+        share_id="abcd",
+        cdi_name=f"{UID}-gpu-0-abcd",
+        cdi_device_ids=(f"k8s.fractional.dev/gpu={UID}-gpu-0-abcd",),
+        edits=ContainerEdits(env=("A=1",)),
+        share=share,
+        backend="none",
+    )
+    return PreparedClaim(uid=UID, namespace="ns", name="c", phase=phase, boot_id=boot_id, devices=(device,))
+
+
+def corrupt_count() -> float:
+    return REGISTRY.get_sample_value("fractional_plugin_checkpoint_corrupt_total") or 0.0
+
+
+def test_round_trip(tmp_path: Path) -> None:
+    checkpoint = Checkpoint().with_claim(prepared())
+    data = render_checkpoint(checkpoint, "boot-1")
+    parsed = parse_checkpoint(data, tmp_path / "checkpoint.json")
+    assert parsed.claims == checkpoint.claims and parsed.boot_id == "boot-1"
+    body = json.loads(data)
+    assert body["apiVersion"] == "checkpoint.fractional.dev/v1" and body["checksum"].startswith("sha256:")
+    assert parsed.without(UID).claims == {}
+
+
+def test_missing_file_reads_empty(tmp_path: Path) -> None:
+    assert read_checkpoint(tmp_path / "nope.json").claims == {}
+
+
+@pytest.mark.parametrize(
+    ("mutate", "match"),
+    [
+        (lambda text: text[: len(text) // 2], "not JSON"),
+        (lambda text: text.replace('"name": "c"', '"name": "d"'), "checksum"),
+        (
+            lambda text: text.replace("checkpoint.fractional.dev/v1", "checkpoint.fractional.dev/v9"),
+            "apiVersion",
+        ),
+        (lambda text: "[]", "not a JSON object"),
+    ],
+)
+def test_corruption_is_detected(tmp_path: Path, mutate, match: str) -> None:
+    text = render_checkpoint(Checkpoint().with_claim(prepared()), "boot-1").decode()
+    with pytest.raises(CheckpointCorruptError, match=match):
+        parse_checkpoint(mutate(text).encode(), tmp_path / "checkpoint.json")
+
+
+def test_store_sets_a_corrupt_file_aside(tmp_path: Path) -> None:
+    (tmp_path / "checkpoint.json").write_text('{"apiVersion": "checkpoint.fractional.dev/v1", "kind": ')
+    before = corrupt_count()
+    store = CheckpointStore(tmp_path, boot_id="boot-1")
+    assert store.load().claims == {}
+    assert corrupt_count() == before + 1
+    (aside,) = tmp_path.glob("checkpoint.json.corrupt-*")
+    assert aside.read_text().startswith('{"apiVersion"')
+    store.save(Checkpoint().with_claim(prepared()))
+    assert CheckpointStore(tmp_path, boot_id="boot-1", cache=False).load().claims[UID] == prepared()
+    assert oct((tmp_path / "checkpoint.json").stat().st_mode & 0o777) == "0o600"
+
+
+def test_phase_and_boot_id() -> None:
+    assert prepared().is_current("boot-1")
+    assert not prepared().is_current("boot-2")
+    assert not prepared(ClaimPhase.STARTED).is_current("boot-1")
+
+
+def test_read_boot_id(tmp_path: Path) -> None:
+    (tmp_path / "boot_id").write_text("1234-abcd\n")
+    assert read_boot_id(tmp_path / "boot_id") == "1234-abcd"
+    assert read_boot_id(tmp_path / "missing") == ""
+    assert read_boot_id()  # the real kernel file

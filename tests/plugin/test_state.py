@@ -1,0 +1,299 @@
+"""``DeviceState``: recorded effects, idempotency, undo, exclusivity, reboots, concurrency."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from driver.errors import ClaimError
+from driver.inventory.model import NodeInventory
+from driver.plugin import cdi
+from driver.plugin.checkpoint import ClaimPhase
+from driver.plugin.claims import Claim, ClaimRef, ClaimUID, parse_claim
+from driver.plugin.devices import PrepareSettings
+from driver.plugin.sharing.base import ContainerEdits, ShareSpec
+from driver.plugin.state import DeviceState
+from tests.plugin.conftest import NODE, new_share_id, result
+
+
+class RecordingBackend:
+    """A sharing backend double that records acquire/release and can be told to fail."""
+
+    def __init__(self, name: str = "none") -> None:
+        self.name = name
+        self.calls: list[tuple[str, str, str]] = []
+        self.fail_acquire: str | None = None
+        self._lock = threading.Lock()
+
+    def container_edits(self, share: ShareSpec) -> ContainerEdits:
+        return ContainerEdits(env=(f"BACKEND_{self.name.upper()}=1",))
+
+    def acquire(self, share: ShareSpec) -> None:
+        with self._lock:
+            self.calls.append(("acquire", share.claim_uid, share.device))
+        if self.fail_acquire:
+            raise ClaimError(claim=share.claim_uid, field="sharing", problem=self.fail_acquire)
+
+    def release(self, share: ShareSpec) -> None:
+        with self._lock:
+            self.calls.append(("release", share.claim_uid, share.device))
+
+    def close(self) -> None:
+        pass
+
+    def describe(self) -> dict[str, str]:
+        return {"name": self.name}
+
+    def count(self, call: str, claim_uid: str | None = None) -> int:
+        return sum(1 for c in self.calls if c[0] == call and (claim_uid is None or c[1] == claim_uid))
+
+
+class Env:
+    def __init__(self, tmp_path: Path, inventory: NodeInventory) -> None:
+        self.cdi_root = tmp_path / "cdi"
+        self.plugin_dir = tmp_path / "plugin"
+        self.inventory = inventory
+        self.backends = {"none": RecordingBackend("none"), "mps": RecordingBackend("mps")}
+        self.effects: list[tuple[str, str]] = []
+
+    def state(self, boot_id: str = "boot-1", **kwargs: Any) -> DeviceState:
+        return DeviceState(
+            inventory=self.inventory,
+            settings=PrepareSettings(default_backend="none", backends=self.backends),
+            cdi_root=self.cdi_root,
+            plugin_dir=self.plugin_dir,
+            boot_id=boot_id,
+            effect_hook=lambda effect, uid: self.effects.append((effect, uid)),
+            **kwargs,
+        )
+
+    def spec_files(self) -> list[str]:
+        return sorted(p.name for p in self.cdi_root.glob("*.json")) if self.cdi_root.exists() else []
+
+
+@pytest.fixture
+def env(tmp_path: Path, inventory: NodeInventory) -> Env:
+    return Env(tmp_path, inventory)
+
+
+_counter = iter(range(10_000))
+
+
+def claim(results: list[dict[str, Any]], *, config: list[Any] | None = None) -> Claim:
+    uid = f"00000000-0000-4000-8000-{next(_counter):012d}"
+    devices: dict[str, Any] = {"results": results}
+    if config:
+        devices["config"] = config
+    body = {
+        "metadata": {"namespace": "ns", "name": f"c{uid[-4:]}", "uid": uid},
+        "status": {"allocation": {"devices": devices}},
+    }
+    return parse_claim(body, ClaimRef(namespace="ns", name=f"c{uid[-4:]}", uid=ClaimUID(uid)))
+
+
+def mps_config() -> list[dict[str, Any]]:
+    parameters = {"apiVersion": "fractional.dev/v1alpha1", "kind": "GpuConfig", "sharing": {"backend": "mps"}}
+    return [{"source": "FromClaim", "opaque": {"driver": "fractional.dev", "parameters": parameters}}]
+
+
+def test_prepare_records_effects_in_order_and_is_idempotent(
+    env: Env, check_cdi: Callable[[Path], dict[str, Any]]
+) -> None:
+    state = env.state()
+    c = claim([result("gpu-0", share_id=new_share_id(), memory="1Gi"), result("nic-0", request="net")])
+    devices = state.prepare(c)
+    assert [effect for effect, _ in env.effects] == [
+        "checkpoint-started",
+        "shares-acquired",
+        "checkpoint-completed",
+        "cdi-written",
+    ]
+    assert env.spec_files() == [
+        f"k8s.fractional.dev-gpu_{c.uid}.json",
+        f"k8s.fractional.dev-nic_{c.uid}.json",
+    ]
+    for path in env.cdi_root.glob("*.json"):
+        spec = check_cdi(path)
+        assert spec["cdiVersion"] == "0.5.0"  # device names start with the claim UID's digit
+    assert state.prepared_claims()[c.uid].phase is ClaimPhase.COMPLETED
+    assert state.prepare(c) == devices
+    assert env.backends["none"].count("acquire") == 1  # the repeat found it completed
+    assert len(env.effects) == 4
+
+
+def test_failed_acquire_leaves_nothing_behind(env: Env) -> None:
+    state = env.state()
+    env.backends["none"].fail_acquire = "daemon did not start"
+    c = claim([result("gpu-0", share_id=new_share_id(), memory="1Gi")])
+    with pytest.raises(ClaimError, match="daemon did not start"):
+        state.prepare(c)
+    assert env.spec_files() == []
+    assert state.prepared_claims() == {}
+    assert env.backends["none"].count("release", c.uid) == 1  # undo is idempotent release
+
+
+def test_exclusive_device_is_not_prepared_twice(env: Env) -> None:
+    state = env.state()
+    state.prepare(claim([result("gpu-0")]))
+    other = claim([result("gpu-0", share_id=new_share_id(), memory="1Gi")])
+    with pytest.raises(
+        ClaimError, match=r"device node-a/gpu-0: already prepared for ResourceClaim .* exclusively"
+    ):
+        state.prepare(other)
+    assert all(other.uid not in name for name in env.spec_files())
+    # Shares with distinct IDs of one GPU coexist.
+    state.prepare(claim([result("gpu-1", share_id=new_share_id(), memory="1Gi")]))
+    state.prepare(claim([result("gpu-1", share_id=new_share_id(), memory="1Gi")]))
+
+
+def test_mps_share_cannot_join_a_gpu_shared_without_mps(env: Env) -> None:
+    state = env.state()
+    state.prepare(claim([result("gpu-0", share_id=new_share_id(), memory="1Gi")]))
+    with pytest.raises(ClaimError, match="EXCLUSIVE_PROCESS"):
+        state.prepare(claim([result("gpu-0", share_id=new_share_id(), memory="1Gi")], config=mps_config()))
+
+
+def test_missing_cdi_file_is_recreated_without_redoing_effects(env: Env) -> None:
+    state = env.state()
+    c = claim([result("gpu-0", share_id=new_share_id(), memory="1Gi")])
+    devices = state.prepare(c)
+    path = cdi.claim_spec_path(env.cdi_root, "gpu", c.uid)
+    content = path.read_bytes()
+    path.unlink()
+    assert state.prepare(c) == devices
+    assert path.read_bytes() == content
+    assert env.backends["none"].count("acquire") == 1
+
+
+def test_new_boot_redoes_effects_with_the_same_cdi_ids(env: Env) -> None:
+    c = claim([result("gpu-0", share_id=new_share_id(), memory="1Gi")])
+    devices = env.state("boot-1").prepare(c)
+    for path in env.cdi_root.glob("*.json"):
+        path.unlink()  # /var/run/cdi is tmpfs
+    rebooted = env.state("boot-2")
+    assert rebooted.restore() == 0  # entries of an earlier boot wait for the kubelet's Prepare
+    assert rebooted.prepare(c) == devices
+    assert env.backends["none"].count("acquire") == 2
+    assert len(env.spec_files()) == 1
+    assert rebooted.prepared_claims()[c.uid].boot_id == "boot-2"
+
+
+def test_restart_in_the_same_boot_restores_shares_and_files(env: Env) -> None:
+    c = claim([result("gpu-0", share_id=new_share_id(), memory="1Gi")])
+    env.state().prepare(c)
+    (spec,) = env.cdi_root.glob("*.json")
+    spec.unlink()
+    assert env.state().restore() == 1
+    assert env.backends["none"].count("acquire") == 2 and spec.exists()
+
+
+def test_unprepare_twice_and_unknown(env: Env) -> None:
+    state = env.state()
+    c = claim([result("gpu-0", share_id=new_share_id(), memory="1Gi")])
+    state.prepare(c)
+    state.unprepare(c.ref)
+    state.unprepare(c.ref)
+    state.unprepare(
+        ClaimRef(namespace="ns", name="never", uid=ClaimUID("ffffffff-0000-4000-8000-000000000000"))
+    )
+    assert env.spec_files() == [] and state.prepared_claims() == {}
+    assert env.backends["none"].count("release", c.uid) == 1
+    assert [e for e, _ in env.effects][-5:] == ["cdi-removed", "shares-released", "checkpoint-removed"] + [
+        "cdi-removed"
+    ] * 2
+
+
+def test_same_claim_concurrently_acquires_once(env: Env) -> None:
+    state = env.state()
+    c = claim([result("gpu-0", share_id=new_share_id(), memory="1Gi")])
+    answers: list[Any] = []
+    threads = [threading.Thread(target=lambda: answers.append(state.prepare(c))) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(answers) == 8 and all(a == answers[0] for a in answers)
+    assert env.backends["none"].count("acquire") == 1
+
+
+def test_different_claims_concurrently(env: Env) -> None:
+    state = env.state()
+    many = [claim([result(f"gpu-{i % 2}", share_id=new_share_id(), memory="256Mi")]) for i in range(24)]
+    threads = [threading.Thread(target=state.prepare, args=(c,)) for c in many]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(state.prepared_claims()) == sorted(c.uid for c in many)
+    assert len(env.spec_files()) == 24
+
+
+def test_rolling_update_instances_share_the_checkpoint(env: Env) -> None:
+    old, new = env.state(rolling_update=True), env.state(rolling_update=True)
+    c = claim([result("gpu-0", share_id=new_share_id(), memory="1Gi")])
+    devices = old.prepare(c)
+    assert new.prepare(c) == devices  # read from the shared file, not a cache
+    new.unprepare(c.ref)
+    assert old.prepared_claims() == {} and env.spec_files() == []
+    assert (env.plugin_dir / "serialize.lock").exists()
+    assert devices[0].pool == NODE
+
+
+class SimulatedCrash(BaseException):
+    """Raised by the effect hook: like a kill -9, nothing after the effect runs (no undo)."""
+
+
+PREPARE_EFFECTS = ["checkpoint-started", "shares-acquired", "checkpoint-completed", "cdi-written"]
+UNPREPARE_EFFECTS = ["cdi-removed", "shares-released", "checkpoint-removed"]
+
+
+def _crashing_state(env: Env, effect: str) -> DeviceState:
+    def hook(name: str, uid: str) -> None:
+        if name == effect:
+            raise SimulatedCrash(effect)
+
+    return DeviceState(
+        inventory=env.inventory,
+        settings=PrepareSettings(default_backend="none", backends=env.backends),
+        cdi_root=env.cdi_root,
+        plugin_dir=env.plugin_dir,
+        boot_id="boot-1",
+        effect_hook=hook,
+    )
+
+
+@pytest.mark.parametrize("effect", PREPARE_EFFECTS)
+def test_crash_after_each_prepare_effect_then_restart(
+    env: Env, effect: str, check_cdi: Callable[[Path], dict[str, Any]]
+) -> None:
+    c = claim([result("gpu-0", share_id=new_share_id(), memory="1Gi"), result("nic-0", request="net")])
+    expected = env.state().prepare(c)  # what a clean run answers (same dirs: undo it first)
+    env.state().unprepare(c.ref)
+    with pytest.raises(SimulatedCrash):
+        _crashing_state(env, effect).prepare(c)
+    restarted = env.state()
+    restarted.restore()
+    assert restarted.prepare(c) == expected
+    assert len(env.spec_files()) == 2
+    for path in env.cdi_root.glob("*.json"):
+        check_cdi(path)
+    assert restarted.prepared_claims()[c.uid].phase is ClaimPhase.COMPLETED
+    restarted.unprepare(c.ref)
+    assert env.spec_files() == [] and restarted.prepared_claims() == {}
+
+
+@pytest.mark.parametrize("effect", UNPREPARE_EFFECTS)
+def test_crash_after_each_unprepare_effect_then_restart(env: Env, effect: str) -> None:
+    c = claim([result("gpu-0", share_id=new_share_id(), memory="1Gi")])
+    env.state().prepare(c)
+    with pytest.raises(SimulatedCrash):
+        _crashing_state(env, effect).unprepare(c.ref)
+    restarted = env.state()
+    restarted.restore()
+    restarted.unprepare(c.ref)
+    assert env.spec_files() == [] and restarted.prepared_claims() == {}
+    assert env.backends["none"].count("release", c.uid) >= 1
