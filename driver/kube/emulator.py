@@ -31,7 +31,7 @@ from kubernetes import client
 from driver.kube.emulator_http import Route, ThreadedHTTPServer
 from driver.kube.emulator_patch import apply_patch
 from driver.kube.emulator_selectors import build_matcher
-from driver.kube.emulator_store import ResourceType, StatusError, Store, Watcher, conflict_error
+from driver.kube.emulator_store import ResourceType, StatusError, Store, Watcher, WatchEvent, conflict_error
 from driver.kube.emulator_strategy import (
     build_namespace,
     prepare_create,
@@ -99,7 +99,7 @@ class APIServer:
         self._httpd = ThreadedHTTPServer(self._address, self)
         self._address = (self._address[0], int(self._httpd.server_address[1]))
         self._serve_thread = threading.Thread(
-            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.1}, name="apiserver", daemon=True
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, name="apiserver", daemon=True
         )
         self._serve_thread.start()
         log.info("API emulator serving", extra={"url": self.url})
@@ -330,6 +330,17 @@ class APIServer:
         initial = self._store.watch(watcher, query.get("resourceVersion"))
         timeout = float(query.get("timeoutSeconds") or DEFAULT_WATCH_TIMEOUT_SECONDS)
         return watcher, initial, timeout
+
+    def bookmark(self, watcher: Watcher) -> tuple[list[WatchEvent], Obj]:
+        """Pending events, then the BOOKMARK object carrying the version they reach."""
+        pending, resource_version = self._store.drain(watcher)
+        rtype = watcher.rtype
+        marker = {
+            "kind": rtype.kind,
+            "apiVersion": rtype.api_version,
+            "metadata": {"resourceVersion": str(resource_version)},
+        }
+        return pending, marker
 
     def close_watch(self, watcher: Watcher) -> None:
         self._store.unwatch(watcher)

@@ -68,6 +68,8 @@ class Backend(Protocol):
 
     def open_watch(self, route: Route, query: dict[str, str]) -> tuple[Watcher, list[WatchEvent], float]: ...
 
+    def bookmark(self, watcher: Watcher) -> tuple[list[WatchEvent], Obj]: ...
+
     def close_watch(self, watcher: Watcher) -> None: ...
 
 
@@ -239,15 +241,21 @@ class _Handler(BaseHTTPRequestHandler):
             self._start_stream()
             for event in initial:
                 self._send_event(watcher, event)
+            stopping = False
             while (remaining := deadline - time.monotonic()) > 0:
                 try:
                     next_event = watcher.events.get(timeout=remaining)
                 except queue.Empty:
                     break
                 if next_event is None:  # server stopping
-                    self.close_connection = True
+                    self.close_connection = stopping = True
                     break
                 self._send_event(watcher, next_event)
+            if not stopping and query.get("allowWatchBookmarks") in ("true", "1"):
+                pending, marker = backend.bookmark(watcher)  # timed out: tell the client where to resume
+                for event in pending:
+                    self._send_event(watcher, event)
+                self._write_chunk(_encode({"type": "BOOKMARK", "object": marker}) + b"\n")
             self._write_chunk(b"")
         except OSError:  # the client went away
             self.close_connection = True

@@ -362,6 +362,20 @@ class Store:
             self._watchers.setdefault(resource, set()).add(watcher)
         return initial
 
+    def drain(self, watcher: Watcher) -> tuple[list[WatchEvent], int]:
+        """The watcher's pending events and the resource version they bring it to (for a BOOKMARK):
+        taken under the lock, so no event at or below that version is still on its way."""
+        pending: list[WatchEvent] = []
+        with self._lock:
+            while True:
+                try:
+                    event = watcher.events.get_nowait()
+                except queue.Empty:
+                    break
+                if event is not None:
+                    pending.append(event)
+            return pending, self._resource_version
+
     def unwatch(self, watcher: Watcher) -> None:
         with self._lock:
             self._watchers.get(watcher.rtype.qualified, set()).discard(watcher)

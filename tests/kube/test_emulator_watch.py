@@ -165,3 +165,30 @@ def test_stop_ends_open_watches_and_leaves_no_threads() -> None:
     api.close()
     leftovers = [thread.name for thread in threading.enumerate() if thread.name.startswith("apiserver")]
     assert leftovers == []
+
+
+def test_bookmark_at_timeout_carries_a_resumable_version(
+    core: client.CoreV1Api, resource: client.ResourceV1Api
+) -> None:
+    resource.create_resource_slice(slice_body("s1"))
+    start = resource.list_resource_slice().metadata.resource_version
+    core.create_node(
+        {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}}
+    )  # moves the global version
+    events = list(
+        watch.Watch().stream(
+            resource.list_resource_slice,
+            resource_version=start,
+            allow_watch_bookmarks=True,
+            timeout_seconds=1,
+        )
+    )
+    assert [event["type"] for event in events] == ["BOOKMARK"]
+    bookmark_version = events[0]["raw_object"]["metadata"]["resourceVersion"]
+    assert int(bookmark_version) > int(start)
+    resource.create_resource_slice(slice_body("s2"))
+    resumed = watch.Watch().stream(
+        resource.list_resource_slice, resource_version=bookmark_version, timeout_seconds=5
+    )
+    first = next(iter(resumed))
+    assert (first["type"], first["object"].metadata.name) == ("ADDED", "s2")
