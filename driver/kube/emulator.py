@@ -214,6 +214,11 @@ class APIServer:
                 return 200, self._delete_collection(route, query)
             raise _method_not_allowed(method)
         namespace = route.namespace or ""
+        if route.subresource == "binding":
+            if method != "POST":
+                raise _method_not_allowed(method)
+            self._record("create", route)
+            return 201, self._bind(route, _require_object(body))
         if method == "GET":
             self._record("get", route)
             return 200, self._store.get(rtype, namespace, route.name)
@@ -292,6 +297,39 @@ class APIServer:
             return prepare(rtype, patched, current, self._validator.validate)
 
         return self._store.update(rtype, route.namespace or "", route.name or "", compute)
+
+    def _bind(self, route: Route, binding: Obj) -> Obj:
+        """``pods/binding``: set ``spec.nodeName`` once and mark the pod scheduled, as a scheduler's bind
+        does. Answers a Status, like the apiserver (the client's ``V1Binding`` parsing of it fails: pass
+        ``_preload_content=False``)."""
+        target = binding.get("target") or {}
+        node = target.get("name")
+        if not node or target.get("kind", "Node") != "Node":
+            raise StatusError(code=400, reason="BadRequest", message="binding target must name a Node")
+
+        def compute(current: Obj) -> Obj:
+            spec = current.get("spec") or {}
+            if spec.get("nodeName"):
+                raise StatusError(
+                    code=409,
+                    reason="Conflict",
+                    message=f'Operation cannot be fulfilled on pods/binding "{route.name}": pod {route.name} '
+                    f'is already assigned to node "{spec["nodeName"]}"',
+                )
+            if spec.get("schedulingGates"):
+                raise StatusError(
+                    code=403,
+                    reason="Forbidden",
+                    message=f"pod {route.name} has scheduling gates; it cannot be bound",
+                )
+            status = dict(current.get("status") or {})
+            conditions = [c for c in status.get("conditions") or [] if c.get("type") != "PodScheduled"]
+            status["conditions"] = [*conditions, {"type": "PodScheduled", "status": "True"}]
+            bound = {**current, "spec": {**spec, "nodeName": node}, "status": status}
+            return self._validator.validate(route.rtype, bound, current)
+
+        self._store.update(route.rtype, route.namespace or "", route.name or "", compute)
+        return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
 
     def _delete(self, route: Route, body: Any) -> Obj:
         rtype = route.rtype

@@ -100,6 +100,8 @@ def parse_route(path: str) -> Route | None:
         return None
     name = rest[1] if len(rest) > 1 else None
     subresource = rest[2] if len(rest) > 2 else None
+    if subresource == "binding" and rtype.plural == "pods":
+        return Route(rtype, namespace, name, subresource)
     if subresource is not None and (subresource != "status" or not rtype.status_subresource):
         return None
     return Route(rtype, namespace, name, subresource)

@@ -351,3 +351,30 @@ def test_cli_apiserver_serves_and_stops_on_sigterm(tmp_path: Path) -> None:
         for stream in (process.stdout, process.stderr):
             if stream:
                 stream.close()
+
+
+def test_pod_binding_sets_node_once(api_server: APIServer, core: client.CoreV1Api) -> None:
+    core.create_namespaced_pod("default", pod_body("p"))
+    binding = client.V1Binding(
+        metadata=client.V1ObjectMeta(name="p"), target=client.V1ObjectReference(kind="Node", name="node1")
+    )
+    # the apiserver answers a Status, which the client's V1Binding model cannot parse: read it raw
+    response = core.create_namespaced_pod_binding("p", "default", binding, _preload_content=False)
+    assert json.loads(response.data)["status"] == "Success"
+    pod = core.read_namespaced_pod("p", "default")
+    assert pod.spec.node_name == "node1"
+    assert [(c.type, c.status) for c in pod.status.conditions] == [("PodScheduled", "True")]
+    with pytest.raises(client.ApiException) as caught:
+        core.create_namespaced_pod_binding("p", "default", binding)
+    assert caught.value.status == 409
+    assert api_server.request_count("create", "pods/binding") == 2
+
+
+def test_gated_pod_cannot_be_bound(core: client.CoreV1Api) -> None:
+    core.create_namespaced_pod("default", pod_body("p", schedulingGates=[{"name": "fractional.dev/gang"}]))
+    binding = client.V1Binding(
+        metadata=client.V1ObjectMeta(name="p"), target=client.V1ObjectReference(kind="Node", name="n")
+    )
+    with pytest.raises(client.ApiException) as caught:
+        core.create_namespaced_pod_binding("p", "default", binding)
+    assert caught.value.status == 403
