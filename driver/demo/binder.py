@@ -128,8 +128,17 @@ class PodBinder:
                 {"namespace": namespace, "name": raw["metadata"]["name"], "uid": raw["metadata"]["uid"]}
             )
         with api_errors(f"bind Pod {namespace}/{name}"):
-            core.patch_namespaced_pod(
-                name, namespace, {"spec": {"nodeName": node}}, _request_timeout=REQUEST_TIMEOUT_SECONDS
+            core.create_namespaced_pod_binding(
+                name,
+                namespace,
+                {
+                    "apiVersion": "v1",
+                    "kind": "Binding",
+                    "metadata": {"name": name, "namespace": namespace},
+                    "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+                },
+                _request_timeout=REQUEST_TIMEOUT_SECONDS,
+                _preload_content=False,  # the client cannot decode the Status the server answers with
             )
         answer = self._kubelets[node].prepare(refs)
         cdi_devices: list[str] = []
