@@ -5,7 +5,7 @@ Candidate shapes are node profiles (``fake_devices/*.yaml``, or the files given)
 nodes already in the cluster (one per distinct device shape). For each shape we run the allocator
 over the cluster as it is plus ``n`` template nodes of that shape, for the smallest ``n`` that makes
 the whole gang fit (binary search: more nodes never hurt). The best hint has the smallest ``n``,
-then the least GPU memory added, then the name.
+then the least GPU memory added, then a shipped profile before a copied node, then the name.
 """
 
 from __future__ import annotations
@@ -187,7 +187,7 @@ def compute_hint(
             list(claims), node=None, policy=policy, pod_groups=groups, exclude_nodes=excluded
         )
 
-    best: tuple[tuple[int, int, str], Hint] | None = None
+    best: tuple[tuple[int, int, bool, str], Hint] | None = None
     for shape in shapes:
         if attempt(shape, limit) is None:
             continue
@@ -204,7 +204,7 @@ def compute_hint(
         used = sorted({n for n in (allocation_node(a) for a in result) if n in every_template})
         count = max(1, len(used)) if used else low
         hint = Hint(profile=shape.name, nodes=count, allocations=tuple(result), node_names=tuple(used))
-        rank = (count, count * shape.gpu_memory_bytes, shape.name)
+        rank = (count, count * shape.gpu_memory_bytes, shape.name.startswith("copy-of-"), shape.name)
         if best is None or rank < best[0]:
             best = (rank, hint)
     return None if best is None else best[1]

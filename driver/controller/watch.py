@@ -65,7 +65,7 @@ class Watcher(threading.Thread):
         self._configuration = configuration
         self._cache = cache
         self._on_event = on_event
-        self._stop = stop
+        self._stop_event = stop
         self._watch_timeout_seconds = watch_timeout_seconds
         self._backoff_seconds = backoff_seconds
         self._response_lock = threading.Lock()
@@ -85,7 +85,7 @@ class Watcher(threading.Thread):
         list_function = _list_function(self.kind, api_client)
         resource_version: str | None = None
         try:
-            while not self._stop.is_set():
+            while not self._stop_event.is_set():
                 try:
                     if resource_version is None:
                         resource_version = self._relist(list_function)
@@ -95,12 +95,12 @@ class Watcher(threading.Thread):
                     log.info("watch expired, re-listing", extra={"kind": self.kind.value})
                     resource_version = None
                 except (TransientError, FractionalError, OSError, ValueError) as error:
-                    if self._stop.is_set():
+                    if self._stop_event.is_set():
                         break
                     log.warning(
                         "watch failed, retrying", extra={"kind": self.kind.value, "error": str(error)}
                     )
-                    self._stop.wait(self._backoff_seconds)
+                    self._stop_event.wait(self._backoff_seconds)
         finally:
             api_client.close()
 
@@ -130,7 +130,7 @@ class Watcher(threading.Thread):
                 if line:
                     yield line
         except urllib3.exceptions.HTTPError as error:
-            if not self._stop.is_set():
+            if not self._stop_event.is_set():
                 raise TransientError(f"watch {self.kind.value}: {error}") from error
 
     def _watch(self, list_function: Callable[..., Any], resource_version: str) -> str:
@@ -151,7 +151,7 @@ class Watcher(threading.Thread):
         with self._response_lock:
             self._response = response
         try:
-            if self._stop.is_set():
+            if self._stop_event.is_set():
                 return resource_version
             for line in self._lines(response):
                 event = json.loads(line)
