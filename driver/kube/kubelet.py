@@ -140,7 +140,7 @@ class KubeletSimulator:
         path = Path(socket) if socket is not None else self.find_socket(timeout)
         with grpc.insecure_channel(f"unix://{path}") as channel:
             grpc.channel_ready_future(channel).result(timeout=timeout)  # the kubelet's blocking dial
-            stub = pluginregistration_pb2_grpc.RegistrationStub(channel)
+            stub = pluginregistration_pb2_grpc.RegistrationStub(channel)  # type: ignore[no-untyped-call]
             started = time.perf_counter()
             info = stub.GetInfo(pluginregistration_pb2.InfoRequest(), timeout=GET_INFO_TIMEOUT_SECONDS)
             get_info_seconds = time.perf_counter() - started
@@ -222,7 +222,7 @@ class KubeletSimulator:
             if self.registration is None or self._channel is None:
                 raise FractionalError("the simulated kubelet has not registered a plugin")
             channel = self._channel
-        stub = dra_health_v1alpha1_pb2_grpc.DRAResourceHealthStub(channel)
+        stub = dra_health_v1alpha1_pb2_grpc.DRAResourceHealthStub(channel)  # type: ignore[no-untyped-call]
         call = stub.NodeWatchResources(dra_health_v1alpha1_pb2.NodeWatchResourcesRequest(), timeout=timeout)
         try:
             for message in call:

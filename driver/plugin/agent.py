@@ -7,7 +7,10 @@ Start-up order (``NodeAgent.start``):
     removed, then 0600 (0660 with ``--socket-group``); the plugin dir is 0750;
  3. registration server on ``<registry-dir>/fractional.dev[-<podUID>]-reg.sock``, last, because the
     kubelet calls the DRA socket as soon as it has registered us;
- 4. the ``slice-publisher`` thread and the health monitor; the ``probe-http`` thread on
+ 4. the API client: the ``kubernetes`` package is imported only now (about 1 s and 25 MiB), so
+    the kubelet can register the plugin meanwhile; a Prepare arriving before it is ready waits
+    for it. A bad kubeconfig still fails ``start`` (exit 2), after the sockets are removed again;
+ 5. the ``slice-publisher`` thread and the health monitor; the ``probe-http`` thread on
     ``--metrics-port`` (``/metrics``, ``/healthz``, ``/readyz``; 0 = off).
 
 Shutdown (``stop``): the registration server goes first (its socket disappears, the kubelet
@@ -23,23 +26,23 @@ import threading
 import time
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
-from kubernetes import client
 
 from driver.config import PluginConfig
 from driver.errors import ConfigError, FractionalError, NotFoundError, TransientError
 from driver.inventory.discover import discover_inventory
 from driver.inventory.model import NodeInventory
-from driver.kube.client import load_configuration
 from driver.plugin.checkpoint import BOOT_ID_PATH, read_boot_id
 from driver.plugin.claims import ClaimReader
 from driver.plugin.devices import PrepareSettings
 from driver.plugin.dra_service import ClaimSource, add_dra_services
 from driver.plugin.health import HealthMonitor, build_health_taints
+from driver.plugin.health_service import HealthStreamer
 from driver.plugin.http import ProbeServer
 from driver.plugin.proto_gen import (
+    dra_health_v1alpha1_pb2_grpc,
     dra_v1_pb2,
     dra_v1_pb2_grpc,
     pluginregistration_pb2,
@@ -50,7 +53,12 @@ from driver.plugin.server import build_grpc_server, listen_unix, remove_socket, 
 from driver.plugin.sharing.base import DeviceNode, SharingBackend
 from driver.plugin.sharing.factory import build_sharing_backends
 from driver.plugin.state import DeviceState, EffectHook
-from driver.slices import SlicePublisher, Taints
+from driver.slices import Taints
+
+if TYPE_CHECKING:
+    from kubernetes import client
+
+    from driver.publisher import SlicePublisher
 
 __all__ = ["NodeAgent", "run_agent"]
 
@@ -80,7 +88,8 @@ def _open_nvml() -> ModuleType:
     import pynvml
 
     pynvml.nvmlInit()
-    return pynvml
+    module: ModuleType = pynvml
+    return module
 
 
 class NodeAgent:
@@ -121,6 +130,7 @@ class NodeAgent:
         self._probe: ProbeServer | None = None
         self._publisher: SlicePublisher | None = None
         self._health: HealthMonitor | None = None
+        self._streamer: HealthStreamer | None = None
         self._threads: list[threading.Thread] = []
         self._taints: Taints | None = None
         self._taints_lock = threading.Lock()
@@ -185,19 +195,35 @@ class NodeAgent:
             effect_hook=self._effect_hook,
         )
         restored = self.state.restore()
-        if (self._claims is None or self._publish_slices) and self._kube_configuration is None:
-            self._kube_configuration = load_configuration(config.kubeconfig)
-        claims = self._claims if self._claims is not None else ClaimReader(self._require_configuration())
+        reader = ClaimReader() if self._claims is None else None
+        claims: ClaimSource = reader if reader is not None else self._claims  # type: ignore[assignment]
+
+        self._health = HealthMonitor(
+            inventory,
+            on_change=self._on_health_change,
+            stop=self.stop_event,
+            nvml=self._nvml,
+            health_file=config.health_file,
+            ignored_xids=config.ignored_xids,
+        )
+        self._streamer = HealthStreamer(
+            pool=inventory.node_name,
+            snapshot=self._health.snapshot,
+            resend_seconds=config.health_resend_seconds,
+        )
 
         dra = build_grpc_server(max_workers=config.max_workers)
         add_dra_services(dra, state=self.state, claims=claims)
+        dra_health_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server(  # type: ignore[no-untyped-call]
+            self._streamer, dra
+        )
         listen_unix(dra, self.paths.dra, flag="--plugin-dir (FRACTIONAL_PLUGIN_DIR)")
         dra.start()
         self._dra_server = dra
         secure_socket(self.paths.dra, group=config.socket_group)
 
         registration = build_grpc_server(max_workers=REGISTRATION_WORKERS)
-        pluginregistration_pb2_grpc.add_RegistrationServicer_to_server(
+        pluginregistration_pb2_grpc.add_RegistrationServicer_to_server(  # type: ignore[no-untyped-call]
             RegistrationServicer(endpoint=self.paths.dra, status=self.registration), registration
         )
         listen_unix(registration, self.paths.registration, flag="--registry-dir (FRACTIONAL_REGISTRY_DIR)")
@@ -215,16 +241,17 @@ class NodeAgent:
             },
         )
 
-        self._health = HealthMonitor(
-            inventory,
-            on_change=self._on_health_change,
-            stop=self.stop_event,
-            nvml=self._nvml,
-            health_file=config.health_file,
-            ignored_xids=config.ignored_xids,
-        )
+        if (reader is not None or self._publish_slices) and self._kube_configuration is None:
+            from driver.kube.client import load_configuration
+
+            self._kube_configuration = load_configuration(config.kubeconfig)
+        if reader is not None:
+            reader.connect(self._require_configuration())
+
         self._health.start()
         if self._publish_slices:
+            from driver.publisher import SlicePublisher
+
             self._publisher = SlicePublisher(
                 self._require_configuration(), inventory.node_name, resync_seconds=config.resync_seconds
             )
@@ -270,6 +297,8 @@ class NodeAgent:
         taints = build_health_taints(snapshot)
         with self._taints_lock:
             self._taints = taints or None
+        if self._streamer is not None:
+            self._streamer.notify()
         if self._publisher is not None:
             self._publisher.request_sync()
 
@@ -279,15 +308,15 @@ class NodeAgent:
         """Both sockets answer: GetInfo on the registration socket, an empty Prepare on the DRA socket."""
         try:
             with grpc.insecure_channel(f"unix://{self.paths.registration}") as channel:
-                pluginregistration_pb2_grpc.RegistrationStub(channel).GetInfo(
+                pluginregistration_pb2_grpc.RegistrationStub(channel).GetInfo(  # type: ignore[no-untyped-call]
                     pluginregistration_pb2.InfoRequest(), timeout=PROBE_TIMEOUT_SECONDS
                 )
             with grpc.insecure_channel(f"unix://{self.paths.dra}") as channel:
-                dra_v1_pb2_grpc.DRAPluginStub(channel).NodePrepareResources(
+                dra_v1_pb2_grpc.DRAPluginStub(channel).NodePrepareResources(  # type: ignore[no-untyped-call]
                     dra_v1_pb2.NodePrepareResourcesRequest(), timeout=PROBE_TIMEOUT_SECONDS
                 )
         except grpc.RpcError as error:
-            return False, f"gRPC probe failed: {error.code().name}"  # type: ignore[attr-defined]
+            return False, f"gRPC probe failed: {error}"
         return True, "registration and DRA sockets answer"
 
     def check_readiness(self) -> tuple[bool, str]:
@@ -303,6 +332,8 @@ class NodeAgent:
         """Idempotent: deregister, drain, join, unlink, close."""
         self.stop_event.set()
         self.serving.clear()
+        if self._streamer is not None:
+            self._streamer.close()  # ends the health streams, which would hold the DRA server's stop
         if self._registration_server is not None:
             self._registration_server.stop(0).wait()
             self._registration_server = None

@@ -17,13 +17,14 @@ on disk and survives. A missing file reads as empty; an unreadable one raises
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
@@ -174,23 +175,38 @@ def read_boot_id(path: str | Path = BOOT_ID_PATH) -> str:
 
 
 class CheckpointStore:
-    """Owns ``<plugin-dir>/checkpoint.json``; callers serialize read-modify-write with ``lock``.
+    """Owns ``<plugin-dir>/checkpoint.json``: an in-memory checkpoint, changed in transactions and
+    written with group commit.
 
-    ``cache=True`` (one agent per node) keeps the last written checkpoint in memory; with rolling
-    updates two agents share the file, so every ``load`` reads it again.
+    ``transaction()`` holds ``lock`` while the caller reads and checks the checkpoint and sets the
+    new one; after the lock is released it returns only once a file containing that change is in
+    place. One writer at a time renders and replaces the file with the newest checkpoint, so
+    concurrent Prepares of different claims share writes instead of queueing for one each.
+    Lock order: ``lock`` is never held while waiting for ``_write_lock``.
+
+    Durability: every write is an atomic replace (temp file + rename), which survives a crash of
+    the agent (the page cache survives it); the checkpoint is *not* fsynced. A power loss changes
+    the boot id, which makes every entry stale and wipes every effect the entries guard (daemons,
+    CDI files on tmpfs): they are redone from a recomputation, which is deterministic, and a file
+    torn by the power loss is set aside as corrupt. An fsync would only cost a disk flush per write.
+
+    ``cache=False`` (rolling updates: two agents share the file, every call is serialized by the
+    ``serialize.lock`` flock) re-reads the file at the start of every transaction.
     """
 
     def __init__(self, plugin_dir: str | Path, *, boot_id: str, cache: bool = True) -> None:
         self.path = Path(plugin_dir) / FILE_NAME
         self.boot_id = boot_id
-        self.lock = threading.Lock()  # guards the file and the cache; never held across an API call
+        self.lock = threading.Lock()  # guards the fields below; never held across an API call
+        self._write_lock = threading.Lock()  # one writer at a time
         self._cache = cache
-        self._cached: Checkpoint | None = None
+        self._current: Checkpoint | None = None
+        self._version = 0  # changes made in memory
+        self._written = 0  # changes in the file
 
-    def load(self) -> Checkpoint:
-        """The checkpoint; a corrupt file is logged, counted, renamed aside and read as empty."""
-        if self._cache and self._cached is not None:
-            return self._cached
+    def _load_locked(self) -> Checkpoint:
+        if self._cache and self._current is not None:
+            return self._current
         try:
             checkpoint = read_checkpoint(self.path)
         except CheckpointCorruptError as error:
@@ -202,26 +218,56 @@ class CheckpointStore:
                 extra={"path": str(self.path), "moved_to": str(aside), "problem": error.problem},
             )
             checkpoint = Checkpoint()
-        self._cached = checkpoint
+        self._current = checkpoint
         return checkpoint
 
-    def save(self, checkpoint: Checkpoint, *, durable: bool = True) -> None:
-        """Atomic replace (temp file + rename). ``durable`` also fsyncs the content.
+    def load(self) -> Checkpoint:
+        """The current checkpoint; a corrupt file is logged, counted, renamed aside and read as empty."""
+        with self.lock:
+            return self._load_locked()
 
-        Durability policy (a crash of the agent never needs fsync: the page cache survives it). A
-        power loss changes the boot id, which invalidates every entry and wipes every effect the
-        entries guard (daemons, CDI files on tmpfs), so a lost or torn checkpoint only costs
-        recomputation, which is deterministic, and a torn file is set aside as corrupt. Hence
-        ``PrepareStarted`` is written without fsync (``durable=False``; it exists for agent crashes)
-        and completed/removed entries with an fsync of the file but not of the directory: one disk
-        flush per Prepare instead of four.
-        """
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomically(
-            self.path,
-            render_checkpoint(checkpoint, self.boot_id),
-            mode=0o600,
-            fsync_file=durable,
-            fsync_directory=False,
-        )
-        self._cached = checkpoint
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[_Transaction]:
+        """``with store.transaction() as tx: ... tx.checkpoint ...; tx.commit(new)`` (commit optional)."""
+        with self.lock:
+            tx = _Transaction(self._load_locked())
+            yield tx
+            if tx.result is None:
+                return
+            self._current = tx.result
+            self._version += 1
+            version = self._version
+        self._flush(version)
+
+    def update(self, change: Callable[[Checkpoint], Checkpoint]) -> Checkpoint:
+        with self.transaction() as tx:
+            tx.commit(change(tx.checkpoint))
+        assert tx.result is not None
+        return tx.result
+
+    def _flush(self, version: int) -> None:
+        with self._write_lock:
+            with self.lock:
+                if self._written >= version:
+                    return  # another writer's file already holds this change
+                checkpoint, newest = self._current, self._version
+            assert checkpoint is not None
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomically(
+                self.path,
+                render_checkpoint(checkpoint, self.boot_id),
+                mode=0o600,
+                fsync_file=False,
+                fsync_directory=False,
+            )
+            with self.lock:
+                self._written = newest
+
+
+class _Transaction:
+    def __init__(self, checkpoint: Checkpoint) -> None:
+        self.checkpoint = checkpoint
+        self.result: Checkpoint | None = None
+
+    def commit(self, checkpoint: Checkpoint) -> None:
+        self.result = checkpoint

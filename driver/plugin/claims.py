@@ -11,14 +11,13 @@ import json
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, NewType
-
-from kubernetes import client
+from typing import TYPE_CHECKING, Any, NewType
 
 from driver import DRIVER_NAME
-from driver.errors import ClaimError, NotFoundError
-from driver.kube.client import REQUEST_TIMEOUT_SECONDS, new_api_client
-from driver.kube.errors import api_errors
+from driver.errors import ClaimError, NotFoundError, TransientError
+
+if TYPE_CHECKING:
+    from kubernetes import client
 
 __all__ = [
     "AllocationResult",
@@ -143,28 +142,53 @@ def parse_claim(body: Mapping[str, Any], ref: ClaimRef, *, driver: str = DRIVER_
 
 
 class ClaimReader:
-    """GETs ResourceClaims (resource.k8s.io/v1) with one ``ApiClient`` per calling thread."""
+    """GETs ResourceClaims (resource.k8s.io/v1) with one ``ApiClient`` per calling thread.
 
-    def __init__(self, configuration: client.Configuration) -> None:
+    The agent serves the kubelet before the ``kubernetes`` package (slow to import) is loaded:
+    it creates the reader unconnected and calls ``connect`` once the client is ready. A read
+    before that waits up to ``connect_timeout`` seconds, then fails the RPC (the kubelet retries).
+    """
+
+    def __init__(
+        self, configuration: client.Configuration | None = None, *, connect_timeout: float = 30.0
+    ) -> None:
         self._configuration = configuration
+        self._connected = threading.Event()
+        self._connect_timeout = connect_timeout
         self._local = threading.local()
+        if configuration is not None:
+            self._connected.set()
+
+    def connect(self, configuration: client.Configuration) -> None:
+        self._configuration = configuration
+        self._connected.set()
 
     def _api(self) -> client.ResourceV1Api:
+        from kubernetes import client
+
+        from driver.kube.client import new_api_client
+
         api = getattr(self._local, "api", None)
         if api is None:
+            assert self._configuration is not None  # read() waited for connect()
             api = client.ResourceV1Api(new_api_client(self._configuration))
             self._local.api = api
         return api
 
     def read(self, ref: ClaimRef) -> Claim:
         """The parsed claim. ``ClaimError`` when missing, replaced or unallocated; ``TransientError``
-        (connection, 429, 5xx) propagates so that the RPC fails and the kubelet retries."""
+        (connection, 429, 5xx, client not ready) propagates so that the RPC fails and the kubelet retries."""
+        if not self._connected.wait(self._connect_timeout):
+            raise TransientError(f"get ResourceClaim {ref.key}: the API client is not ready yet")
+        from driver.kube.client import REQUEST_TIMEOUT_SECONDS
+        from driver.kube.errors import api_errors
+
         try:
             with api_errors(f"get ResourceClaim {ref.key}"):
                 response = self._api().read_namespaced_resource_claim(
                     ref.name, ref.namespace, _preload_content=False, _request_timeout=REQUEST_TIMEOUT_SECONDS
                 )
-                body = json.loads(response.data)
+                body = json.loads(response.data)  # type: ignore[attr-defined]  # raw urllib3 response
         except NotFoundError as error:
             raise ClaimError(claim=ref.key, field="metadata.name", problem="not found") from error
         return parse_claim(body, ref)

@@ -25,8 +25,6 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from kubernetes.utils import parse_quantity
-
 from driver.errors import ClaimError
 from driver.inventory.model import GPU, NIC, NodeInventory
 from driver.plugin import cdi
@@ -174,8 +172,12 @@ def _quantity(claim: Claim, result: AllocationResult, name: str) -> int | None:
     raw = result.consumed(name)
     if raw is None:
         return None
+    # Imported here: the kubernetes package takes ~1 s to import, and the agent answers the
+    # kubelet's registration before it has loaded it (see driver.plugin.agent).
+    from kubernetes.utils.quantity import parse_quantity
+
     try:
-        return int(parse_quantity(raw))
+        return int(parse_quantity(raw))  # type: ignore[no-untyped-call]
     except ValueError as error:
         raise ClaimError(
             claim=claim.key,
@@ -191,8 +193,8 @@ def _gpu_share(
     if result.share_id is None:  # exclusive allocation: the whole GPU
         memory, compute = gpu.memory_bytes, 100
     else:
-        memory = _quantity(claim, result, "memory")
-        memory = published_memory if memory is None else memory
+        consumed_memory = _quantity(claim, result, "memory")
+        memory = published_memory if consumed_memory is None else consumed_memory
         compute = _quantity(claim, result, "compute") or 0
     if not 0 < memory <= gpu.memory_bytes:
         raise ClaimError(
@@ -268,7 +270,7 @@ def compute_prepared_devices(
                 problem=f"{result.device!r} is not a device of this node",
             )
 
-    claim_env = (f"FRACTIONAL_CLAIM_UID={uid}",)
+    claim_env: tuple[str, ...] = (f"FRACTIONAL_CLAIM_UID={uid}",)
     gpu_env = claim_env
     if gpus:
         gpu_env += (
@@ -296,7 +298,7 @@ def compute_prepared_devices(
     prepared: dict[int, PreparedDevice] = {}
     for result, gpu, share, backend_name, backend in gpus:
         name = cdi.device_name(uid, result.device, result.share_id)
-        ids = (cdi.qualified_device_id("gpu", name),)
+        ids: tuple[str, ...] = (cdi.qualified_device_id("gpu", name),)
         if settings.toolkit_cdi:
             ids += (cdi.toolkit_device_id(gpu.uuid),)
         edits = ContainerEdits(env=gpu_env).merged(backend.container_edits(share))

@@ -119,9 +119,10 @@ class DRAServicer:
 
 def add_dra_services(server: grpc.Server, *, state: DeviceState, claims: ClaimSource) -> None:
     """Serve ``v1.DRAPlugin`` and ``v1beta1.DRAPlugin`` on ``server``."""
-    dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(
+    # The generated *_pb2_grpc modules are untyped.
+    dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(  # type: ignore[no-untyped-call]
         DRAServicer(state=state, claims=claims, pb=dra_v1_pb2, version="v1"), server
     )
-    dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(
+    dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(  # type: ignore[no-untyped-call]
         DRAServicer(state=state, claims=claims, pb=dra_v1beta1_pb2, version="v1beta1"), server
     )

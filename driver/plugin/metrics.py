@@ -11,6 +11,7 @@ from prometheus_client import Counter, Gauge, Histogram
 __all__ = [
     "CHECKPOINT_CORRUPT_TOTAL",
     "CLAIM_OPERATIONS_TOTAL",
+    "HEALTH_STREAMS",
     "PREPARED_CLAIMS",
     "REGISTERED",
     "REGISTRATION_NOTIFICATIONS_TOTAL",
@@ -42,3 +43,6 @@ CHECKPOINT_CORRUPT_TOTAL = Counter(
     "Checkpoint files found corrupt and set aside",
 )
 PREPARED_CLAIMS = Gauge("fractional_plugin_prepared_claims", "Claims in the checkpoint")
+HEALTH_STREAMS = Gauge(
+    "fractional_plugin_health_streams", "Open NodeWatchResources streams (each holds a worker)"
+)

@@ -118,9 +118,7 @@ class DeviceState:
             self._effect_hook(effect, claim_uid)
 
     def _update_checkpoint(self, change: Callable[[Checkpoint], Checkpoint]) -> None:
-        with self._store.lock:
-            checkpoint = change(self._store.load())
-            self._store.save(checkpoint)
+        checkpoint = self._store.update(change)
         PREPARED_CLAIMS.set(len(checkpoint.claims))
 
     # -- prepare -------------------------------------------------------------------------------
@@ -130,14 +128,13 @@ class DeviceState:
         computed = compute_prepared_devices(claim, self._inventory, self._settings)
         uid = claim.uid
         with self._serialized(uid):
-            with self._store.lock:
-                checkpoint = self._store.load()
-                entry = checkpoint.claims.get(uid)
+            with self._store.transaction() as tx:  # check and record under one lock
+                entry = tx.checkpoint.claims.get(uid)
                 if entry is not None and entry.is_current(self._boot_id):
                     devices = entry.devices
                 else:
                     devices = entry.devices if entry is not None else computed
-                    _check_not_in_use(checkpoint, claim, devices)
+                    _check_not_in_use(tx.checkpoint, claim, devices)
                     started = PreparedClaim(
                         uid=uid,
                         namespace=claim.ref.namespace,
@@ -146,7 +143,7 @@ class DeviceState:
                         boot_id=self._boot_id,
                         devices=devices,
                     )
-                    self._store.save(checkpoint.with_claim(started), durable=False)
+                    tx.commit(tx.checkpoint.with_claim(started))
             if entry is not None and entry.is_current(self._boot_id):
                 self._ensure_cdi_specs(uid, devices)
                 return devices
@@ -200,8 +197,7 @@ class DeviceState:
         """Undo ``prepare``; unknown or already unprepared claims succeed."""
         uid = ref.uid
         with self._serialized(uid):
-            with self._store.lock:
-                entry = self._store.load().claims.get(uid)
+            entry = self._store.load().claims.get(uid)
             cdi.remove_claim_specs(self._cdi_root, uid)
             self._effect("cdi-removed", uid)
             if entry is None:
@@ -230,8 +226,7 @@ class DeviceState:
         """At agent start: re-acquire the shares of claims completed during this boot and re-create
         their missing CDI files. Entries of earlier boots wait for the kubelet's next Prepare.
         Returns how many claims were restored; a claim that fails is logged and skipped."""
-        with self._store.lock:
-            checkpoint = self._store.load()
+        checkpoint = self._store.load()
         PREPARED_CLAIMS.set(len(checkpoint.claims))
         restored = 0
         for uid, entry in sorted(checkpoint.claims.items()):
@@ -248,8 +243,7 @@ class DeviceState:
         return restored
 
     def prepared_claims(self) -> Mapping[str, PreparedClaim]:
-        with self._store.lock:
-            return dict(self._store.load().claims)
+        return dict(self._store.load().claims)
 
 
 def _render_specs(devices: tuple[PreparedDevice, ...]) -> dict[str, dict[str, object]]:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import threading
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -74,7 +76,7 @@ def test_missing_file_reads_empty(tmp_path: Path) -> None:
     ("mutate", "match"),
     [
         (lambda text: text[: len(text) // 2], "not JSON"),
-        (lambda text: text.replace('"name": "c"', '"name": "d"'), "checksum"),
+        (lambda text: text.replace('"name":"c"', '"name":"d"'), "checksum"),
         (
             lambda text: text.replace("checkpoint.fractional.dev/v1", "checkpoint.fractional.dev/v9"),
             "apiVersion",
@@ -96,7 +98,7 @@ def test_store_sets_a_corrupt_file_aside(tmp_path: Path) -> None:
     assert corrupt_count() == before + 1
     (aside,) = tmp_path.glob("checkpoint.json.corrupt-*")
     assert aside.read_text().startswith('{"apiVersion"')
-    store.save(Checkpoint().with_claim(prepared()))
+    store.update(lambda checkpoint: checkpoint.with_claim(prepared()))
     assert CheckpointStore(tmp_path, boot_id="boot-1", cache=False).load().claims[UID] == prepared()
     assert oct((tmp_path / "checkpoint.json").stat().st_mode & 0o777) == "0o600"
 
@@ -112,3 +114,23 @@ def test_read_boot_id(tmp_path: Path) -> None:
     assert read_boot_id(tmp_path / "boot_id") == "1234-abcd"
     assert read_boot_id(tmp_path / "missing") == ""
     assert read_boot_id()  # the real kernel file
+
+
+def test_concurrent_transactions_all_reach_the_file(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path, boot_id="boot-1")
+    uids = [f"{i:08d}-0000-4000-8000-000000000000" for i in range(40)]
+
+    def add(uid: str) -> None:
+        with store.transaction() as tx:
+            tx.commit(tx.checkpoint.with_claim(replace(prepared(), uid=uid)))
+
+    threads = [threading.Thread(target=add, args=(uid,)) for uid in uids]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    on_disk = read_checkpoint(tmp_path / "checkpoint.json")
+    assert sorted(on_disk.claims) == uids
+    with store.transaction() as tx:  # a read-only transaction writes nothing
+        assert len(tx.checkpoint.claims) == 40
+    assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.json"]

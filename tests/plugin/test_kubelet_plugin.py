@@ -326,3 +326,22 @@ def test_probes_and_metrics(
     agent.stop()
     with pytest.raises(urllib.error.URLError):
         urllib.request.urlopen(base + "/healthz", timeout=2)
+
+
+def test_health_stream(start_agent: StartAgent, node_dirs: NodeDirs, make_kubelet: MakeKubelet) -> None:
+    health_file = node_dirs.plugin.parent / "health.json"
+    agent = start_agent(config={"health_file": str(health_file), "health_resend_seconds": 30.0})
+    kubelet = make_kubelet()
+    stream = kubelet.watch_health(timeout=60)
+    first = next(stream)
+    assert [(d["pool_name"], d["device_name"], d["health"]) for d in first] == [
+        ("node-a", "gpu-0", "HEALTHY"),
+        ("node-a", "gpu-1", "HEALTHY"),
+    ]
+    assert {d["health_check_timeout_seconds"] for d in first} == {90}
+    health_file.write_text(json.dumps({"gpu-1": {"xid": 79, "message": "GPU has fallen off the bus"}}))
+    second = next(stream)  # sent on the change, long before the 30 s resend
+    assert [(d["device_name"], d["health"]) for d in second] == [("gpu-0", "HEALTHY"), ("gpu-1", "UNHEALTHY")]
+    assert second[1]["message"] == "GPU has fallen off the bus"
+    agent.stop()
+    assert list(stream) == []  # the stream ends with the agent
