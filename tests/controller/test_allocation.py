@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
-from driver.controller import FINALIZER
+from driver.controller import FINALIZER, HINT_ANNOTATION
 from driver.controller.objects import allocation_node
 from tests.controller.conftest import Cluster, RunningController, gated_pod, gpu_claim, wait_for
 
@@ -94,3 +95,91 @@ def test_gang_that_does_not_fit_is_all_or_nothing(
 
 def _unschedulable_events(cluster: Cluster) -> list[dict[str, Any]]:
     return [e for e in cluster.events() if e["reason"] == "GangUnschedulable"]
+
+
+def test_unfit_gang_gets_one_event_and_a_hint_that_really_fits(
+    cluster: Cluster, controller: Callable[..., RunningController]
+) -> None:
+    cluster.add_node("node-a", "l4-2x")
+    names = _gang(cluster, "train", 4)  # needs four L4-sized GPUs, the cluster has two
+    controller(hint_profiles=("l4-2x", "a100-pcie-4x", "h100-8x"))
+    hint = wait_for(
+        lambda: (
+            all(HINT_ANNOTATION in (cluster.pod(n)["metadata"].get("annotations") or {}) for n in names)
+            and json.loads(cluster.pod(names[0])["metadata"]["annotations"][HINT_ANNOTATION])
+        ),
+        what="scale-up hint on every pod",
+    )
+    assert hint == {"profile": "l4-2x", "nodes": 1}  # two more L4s: the smallest node that fits
+    (event,) = _unschedulable_events(cluster)
+    assert event["type"] == "Warning"
+    assert "4 shares of >=16Gi" in event["message"]
+    assert "best node node-a offers 2" in event["message"]
+    assert not any(cluster.allocated(n) for n in names)
+    # Follow the hint: add that many nodes of that profile, and the gang goes through.
+    for i in range(hint["nodes"]):
+        cluster.add_node(f"added-{i}", hint["profile"])
+    wait_for(lambda: all(cluster.ungated(n) for n in names), what="gang allocated on the added node")
+    assert {_placement(cluster, n)[0] for n in names} == {"node-a", "added-0"}
+    assert len(_unschedulable_events(cluster)) == 1  # never re-emitted while nothing changed
+    assert not any(HINT_ANNOTATION in (cluster.pod(n)["metadata"].get("annotations") or {}) for n in names)
+
+
+def test_deleted_claim_releases_its_share_and_goes_away(
+    cluster: Cluster, controller: Callable[..., RunningController]
+) -> None:
+    cluster.add_node("node-a", "l4-2x")
+    cluster.create_claim(gpu_claim("gone", memory="20Gi", compute=None))
+    cluster.create_pod(gated_pod("gone", ["gone"]))
+    controller()
+    wait_for(lambda: cluster.ungated("gone"), what="allocated")
+    cluster.resource.delete_namespaced_resource_claim("gone", "default")
+    wait_for(lambda: cluster.claim("gone") is None, what="claim deleted once the finalizer is dropped")
+    # Its share is free again: two more 20Gi shares fit on the node's two L4s.
+    for name in ("next-0", "next-1"):
+        cluster.create_claim(gpu_claim(name, memory="20Gi", compute=None))
+        cluster.create_pod(gated_pod(name, [name]))
+    wait_for(lambda: cluster.ungated("next-0") and cluster.ungated("next-1"), what="freed share reused")
+
+
+def test_conflict_on_status_write_is_decided_again(
+    cluster: Cluster, controller: Callable[..., RunningController]
+) -> None:
+    cluster.add_node("node-a", "l4-2x")
+    cluster.create_claim(gpu_claim("c", memory="4Gi"))
+    cluster.create_pod(gated_pod("p", ["c"]))
+    cluster.server.inject_fault(verb="update", resource="resourceclaims/status", status=409)
+    cluster.server.reset_counts()
+    controller()
+    wait_for(lambda: cluster.ungated("p"), what="allocated after the conflict")
+    assert cluster.server.request_count("update", "resourceclaims/status") == 2
+    claim = cluster.claim("c")
+    assert claim is not None and claim["status"]["allocation"]
+    assert claim["metadata"]["finalizers"] == [FINALIZER]
+
+
+def test_claim_from_a_template_is_found_through_the_pod_status(
+    cluster: Cluster, controller: Callable[..., RunningController]
+) -> None:
+    cluster.add_node("node-a", "l4-2x")
+    cluster.create_pod(gated_pod("tpl", [], templates=["gpu-template"]))
+    controller()
+    # What kube-controller-manager would do: create the claim, then record it in the pod status.
+    cluster.create_claim(gpu_claim("tpl-t0-abcde", memory="2Gi"))
+    pod = cluster.pod("tpl")
+    pod["status"] = {"resourceClaimStatuses": [{"name": "t0", "resourceClaimName": "tpl-t0-abcde"}]}
+    cluster.core.replace_namespaced_pod_status("tpl", "default", pod)
+    wait_for(lambda: cluster.ungated("tpl"), what="pod with a template claim ungated")
+    assert cluster.allocated("tpl-t0-abcde")
+
+
+def test_pod_that_fits_no_node_cpu_is_not_allocated(
+    cluster: Cluster, controller: Callable[..., RunningController]
+) -> None:
+    cluster.add_node("a-small", "l4-2x", cpu="2")
+    cluster.add_node("b-large", "l4-2x", cpu="64")
+    cluster.create_claim(gpu_claim("cpu-heavy", memory="2Gi"))
+    cluster.create_pod(gated_pod("cpu-heavy", ["cpu-heavy"], cpu="8"))
+    controller()
+    wait_for(lambda: cluster.ungated("cpu-heavy"), what="allocated")
+    assert _placement(cluster, "cpu-heavy")[0] == "b-large"

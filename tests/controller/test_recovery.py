@@ -1,0 +1,129 @@
+"""Crashes, vanished allocations and leader election: nothing half-done, nothing allocated twice."""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.utils import parse_quantity
+
+from driver.controller import FINALIZER, Controller, HaltWrites, ReconcilerSettings, WriteRecord
+from tests.controller.conftest import Cluster, RunningController, gated_pod, gpu_claim, wait_for
+
+
+def _make_gang(cluster: Cluster, name: str, pods: int, memory: str = "16Gi") -> list[str]:
+    for i in range(pods):
+        cluster.create_claim(gpu_claim(f"{name}-{i}", memory=memory, compute=None))
+        cluster.create_pod(gated_pod(f"{name}-{i}", [f"{name}-{i}"], gang=name, size=pods))
+    return [f"{name}-{i}" for i in range(pods)]
+
+
+@pytest.mark.parametrize("crash_after_writes", [1, 3, 6, 9])
+def test_restart_mid_gang_converges_with_nothing_half_done(
+    cluster: Cluster, controller: Callable[..., RunningController], crash_after_writes: int
+) -> None:
+    cluster.add_node("node-a", "l4-2x")
+    cluster.add_node("node-b", "l4-2x")
+    names = _make_gang(cluster, "g", 4)
+    writes: list[WriteRecord] = []
+
+    def crash(record: WriteRecord) -> None:
+        writes.append(record)
+        if len(writes) >= crash_after_writes:
+            raise HaltWrites()
+
+    first = controller(write_hook=crash)
+    wait_for(lambda: len(writes) >= crash_after_writes, what="the simulated crash")
+    first.shutdown()
+    # 4 claims x (finalizer, allocation) then 4 gates: the crash left a gang half-done.
+    assert sum(cluster.allocated(n) or cluster.has_finalizer(n) for n in names) > 0
+    assert not all(cluster.ungated(n) for n in names)
+
+    controller()
+    wait_for(lambda: all(cluster.ungated(n) for n in names), what="gang converged")
+    devices = set()
+    for name in names:
+        claim = cluster.claim(name)
+        assert claim is not None and claim["metadata"]["finalizers"] == [FINALIZER]
+        (result,) = claim["status"]["allocation"]["devices"]["results"]
+        devices.add((result["pool"], result["device"]))
+    assert len(devices) == 4  # one 16Gi share per L4: a leftover allocation would have taken a GPU twice
+
+
+def test_vanished_allocation_drops_our_finalizer_and_is_counted(cluster: Cluster) -> None:
+    cluster.add_node("node-a", "l4-2x")
+    cluster.create_claim(gpu_claim("v", memory="2Gi"))
+    cluster.create_pod(gated_pod("v", ["v"]))
+    instance = Controller(configuration=cluster.server.configuration(), settings=ReconcilerSettings())
+    instance.start()
+    try:
+        wait_for(lambda: cluster.ungated("v"), what="allocated")
+        # What kube-scheduler's PostFilter does when the pod fits no node: clear the allocation.
+        claim = cluster.claim("v")
+        assert claim is not None
+        del claim["status"]["allocation"]
+        cluster.resource.replace_namespaced_resource_claim_status("v", "default", claim)
+        wait_for(lambda: not cluster.has_finalizer("v"), what="finalizer dropped")
+        registry = instance.metrics.registry
+        assert registry.get_sample_value("fractional_controller_allocations_vanished_total") == 1
+    finally:
+        instance.stop()
+
+
+def _over_capacity(cluster: Cluster) -> list[str]:
+    capacity: dict[tuple[str, str], dict[str, int]] = {}
+    body = cluster.resource.list_resource_slice(_preload_content=False)
+    import json
+
+    for s in json.loads(body.data)["items"]:
+        for device in s["spec"]["devices"]:
+            capacity[(s["spec"]["pool"]["name"], device["name"])] = {
+                k: int(parse_quantity(v["value"])) for k, v in device.get("capacity", {}).items()
+            }
+    used: dict[tuple[str, str], dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for claim in cluster.claims():
+        for result in (
+            ((claim.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results", [])
+        ):
+            for k, v in result.get("consumedCapacity", {}).items():
+                used[(result["pool"], result["device"])][k] += int(parse_quantity(v))
+    return [f"{d}: {k}" for d, caps in used.items() for k, v in caps.items() if v > capacity[d][k]]
+
+
+def test_two_controllers_with_leader_election_never_double_allocate(
+    cluster: Cluster, controller: Callable[..., RunningController]
+) -> None:
+    for i in range(4):
+        cluster.add_node(f"node-{i}", "h100-8x")  # 32 GPUs: 224 shares of 10Gi fit, 200 claims come
+    lease = {"leader_elect": True, "lease_duration_seconds": 2.0, "renew_deadline_seconds": 1.5,
+             "retry_period_seconds": 0.1}  # fmt: skip
+    a = controller(identity="replica-a", **lease)
+    b = controller(identity="replica-b", **lease)
+    wait_for(lambda: a.started.is_set() or b.started.is_set(), what="a leader")
+    leader, follower = (a, b) if a.started.is_set() else (b, a)
+    assert not follower.started.is_set()
+
+    def create(start: int, stop: int) -> None:
+        for i in range(start, stop):
+            cluster.create_claim(gpu_claim(f"c{i}", memory="10Gi", compute=10))
+            cluster.create_pod(gated_pod(f"p{i}", [f"c{i}"]))
+
+    create(0, 100)
+    wait_for(lambda: sum(cluster.allocated(f"c{i}") for i in range(0, 100, 10)) >= 3, what="leader at work")
+    creator = threading.Thread(target=create, args=(100, 200), name="test-creator")
+    creator.start()
+    assert leader.shutdown() == 0  # clean stop mid-stream: the lease is released, the follower takes over
+    wait_for(follower.started.is_set, what="follower became leader")
+    creator.join()
+    wait_for(lambda: all(c.get("status", {}).get("allocation") for c in cluster.claims()), timeout=60,
+             what="all 200 claims allocated")  # fmt: skip
+    assert len(cluster.claims()) == 200
+    assert _over_capacity(cluster) == []
+    lease_obj: Any = client.CoordinationV1Api(cluster.api_client).read_namespaced_lease(
+        "fractional-dra-controller", "default"
+    )
+    assert lease_obj.spec.holder_identity == ("replica-b" if leader is a else "replica-a")
