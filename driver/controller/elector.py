@@ -48,6 +48,13 @@ def _micro_time(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+def _record(lease: dict[str, Any]) -> tuple[Any, ...]:
+    """What a candidate watches for change: any write (a renewal too) bumps the resourceVersion."""
+    spec = lease.get("spec") or {}
+    version = (lease.get("metadata") or {}).get("resourceVersion")
+    return (spec.get("holderIdentity"), spec.get("renewTime"), version)
+
+
 class LeaderElector:
     """``step()`` is one acquire-or-renew round (tests drive it with a fake clock); ``run()`` loops it
     on the calling thread until ``stop`` or until leadership is lost."""
@@ -127,7 +134,7 @@ class LeaderElector:
                 return False  # another candidate created it first
             return self._won(json.loads(response.data), now)
         spec = lease.get("spec") or {}
-        record = (spec.get("holderIdentity"), spec.get("renewTime"), spec.get("leaseDurationSeconds"))
+        record = _record(lease)
         if record != self._observed:
             self._observed, self._observed_at = record, now
         holder = spec.get("holderIdentity")
@@ -150,9 +157,8 @@ class LeaderElector:
         return self._won(json.loads(response.data), now)
 
     def _won(self, lease: dict[str, Any], now: float) -> bool:
-        spec = lease.get("spec") or {}
         self._lease = lease
-        self._observed = (spec.get("holderIdentity"), spec.get("renewTime"), spec.get("leaseDurationSeconds"))
+        self._observed = _record(lease)
         self._observed_at = now
         self._last_renew = now
         return True

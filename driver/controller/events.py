@@ -83,7 +83,11 @@ def build_provisioning_request(
     """The ProvisioningRequest and the PodTemplates it references (one per distinct pod shape)."""
     shapes: dict[str, tuple[dict[str, Any], int]] = {}
     for pod in pods:
-        key = json.dumps(_pod_shape(pod), sort_keys=True)
+        shape = _pod_shape(pod)
+        # Each pod of a gang names its own claims; pods alike but for those names share a pod set
+        # (their claims come from one template or one spec), the template keeps the first pod's.
+        shape["resourceClaims"] = [entry.get("name") for entry in shape.get("resourceClaims") or ()]
+        key = json.dumps(shape, sort_keys=True)
         template, count = shapes.get(key, (pod, 0))
         shapes[key] = (template, count + 1)
     templates = [build_pod_template(gang, pod, i) for i, (pod, _) in enumerate(shapes.values())]
