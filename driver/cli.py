@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from driver.config import (
+    DEFAULT_IGNORED_XIDS,
     ApiServerConfig,
     ControllerConfig,
     DemoConfig,
@@ -137,6 +138,15 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mps-control", default=_env("--mps-control", "nvidia-cuda-mps-control"))
     p.add_argument("--health-file", default=_env("--health-file", None))
     p.add_argument("--max-workers", type=int, default=_env_int("--max-workers", 16))
+    p.add_argument(
+        "--ignored-xids",
+        default=_env("--ignored-xids", ",".join(str(x) for x in DEFAULT_IGNORED_XIDS)),
+        help="comma-separated XIDs that do not make a GPU unhealthy",
+    )
+    p.add_argument(
+        "--health-resend-seconds", type=float, default=float(_env("--health-resend-seconds", 10.0))
+    )
+    p.add_argument("--resync-seconds", type=float, default=float(_env("--resync-seconds", 30.0)))
     _add_common(p)
 
     p = sub.add_parser("controller", help="run the allocation controller")
@@ -219,6 +229,15 @@ def _run_discover(args: argparse.Namespace) -> int:
     return 0
 
 
+def _parse_xids(raw: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in raw.split(",") if part.strip())
+    except ValueError:
+        raise ConfigError(
+            field="--ignored-xids (FRACTIONAL_IGNORED_XIDS)", problem=f"{raw!r} is not a list of integers"
+        ) from None
+
+
 def _run_plugin(args: argparse.Namespace) -> int:
     from driver.plugin.agent import run_agent
 
@@ -240,6 +259,9 @@ def _run_plugin(args: argparse.Namespace) -> int:
         mps_control=args.mps_control,
         health_file=args.health_file,
         max_workers=args.max_workers,
+        ignored_xids=_parse_xids(args.ignored_xids),
+        health_resend_seconds=args.health_resend_seconds,
+        resync_seconds=args.resync_seconds,
     )
     return run_agent(config, _stop_event_on_signals())
 
