@@ -224,9 +224,9 @@ class SlicePublisher:
                 extra={
                     "node": self.node_name,
                     "generation": plan.generation,
-                    "created": len(plan.creates),
-                    "updated": len(plan.updates),
-                    "deleted": len(plan.deletes),
+                    "slices_created": len(plan.creates),  # not "created": a reserved LogRecord attribute
+                    "slices_updated": len(plan.updates),
+                    "slices_deleted": len(plan.deletes),
                 },
             )
         return plan

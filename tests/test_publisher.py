@@ -67,6 +67,11 @@ def api(kube_configuration: client.Configuration) -> Iterator[client.ResourceV1A
         yield client.ResourceV1Api(api_client)
 
 
+@pytest.fixture(autouse=True)
+def _info_logging(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)  # every log call runs (a bad ``extra`` key fails at INFO only)
+
+
 @pytest.fixture
 def publisher(kube_configuration: client.Configuration) -> Iterator[SlicePublisher]:
     with SlicePublisher(kube_configuration, NODE, resync_seconds=0.2, retry_seconds=0.05) as pub:
