@@ -26,7 +26,7 @@ from kubernetes.utils.quantity import parse_quantity
 from driver import DRIVER_NAME
 from driver.errors import ConflictError, FractionalError, NotFoundError
 from driver.inventory.model import NodeInventory
-from driver.kube.client import REQUEST_TIMEOUT_SECONDS, new_api_client
+from driver.kube.client import REQUEST_TIMEOUT_SECONDS, get_json, new_api_client
 from driver.kube.errors import api_errors
 from driver.slices import (
     MAX_DEVICES_PER_SLICE,
@@ -357,10 +357,10 @@ class SlicePublisher:
         api_client = self._api().api_client
         try:
             with api_errors(f"get Node {self.node_name}"):
-                response = client.CoreV1Api(api_client).read_node(
-                    self.node_name, _request_timeout=REQUEST_TIMEOUT_SECONDS, _preload_content=False
+                node = get_json(
+                    api_client, f"/api/v1/nodes/{self.node_name}", what=f"get Node {self.node_name}"
                 )
-            uid: str | None = (_body(response).get("metadata") or {}).get("uid")
+            uid: str | None = (node.get("metadata") or {}).get("uid")
         except NotFoundError:
             log.warning(
                 "node not found; slices are published without an owner reference",

@@ -11,7 +11,7 @@ from kubernetes.client.exceptions import ApiException
 
 from driver.errors import ConflictError, FractionalError, NotFoundError, TransientError
 
-__all__ = ["api_errors", "translate_api_exception"]
+__all__ = ["api_errors", "check_response_status", "translate_api_exception"]
 
 
 def _reason(error: ApiException) -> str:
@@ -43,3 +43,12 @@ def api_errors(what: str) -> Iterator[None]:
         raise translate_api_exception(error, what) from error
     except (urllib3.exceptions.HTTPError, ConnectionError) as error:
         raise TransientError(f"{what}: {error}") from error
+
+
+def check_response_status(status: int, body: bytes, what: str) -> None:
+    """For raw calls (``ApiClient.call_api``), which return error answers instead of raising."""
+    if 200 <= status < 300:
+        return
+    error = ApiException(status=status, reason=body.decode("utf-8", "replace")[:200])
+    error.body = body.decode("utf-8", "replace")
+    raise translate_api_exception(error, what)
