@@ -62,7 +62,8 @@ def test_demo_small_scenario_outcome_in_the_api(tmp_path: Path) -> None:
         env=env,
     )
     lines: queue.Queue[str] = queue.Queue()
-    threading.Thread(target=_reader, args=(process.stdout, lines), daemon=True).start()
+    reader = threading.Thread(target=_reader, args=(process.stdout, lines), daemon=True)
+    reader.start()
     output: list[str] = []
     kubeconfig: str | None = None
     deadline = time.monotonic() + 240
@@ -132,6 +133,10 @@ def test_demo_small_scenario_outcome_in_the_api(tmp_path: Path) -> None:
         except subprocess.TimeoutExpired:
             process.kill()
             raise
+        finally:
+            reader.join(timeout=10)
+            assert process.stdout is not None
+            process.stdout.close()
     assert process.returncode == 0
     assert kubeconfig is not None
     runtime_dir = Path(kubeconfig).parent
