@@ -91,9 +91,9 @@ class ClusterCache:
                     self._on_removed(kind, key, old)
                     changes.append(("DELETED", old))
             for obj in objs:
-                applied, old = self.apply(kind, "MODIFIED", obj)
-                if applied and (old is None or _rv(old) != _rv(obj)):
-                    changes.append(("ADDED" if old is None else "MODIFIED", obj))
+                applied, previous = self.apply(kind, "MODIFIED", obj)
+                if applied and (previous is None or _rv(previous) != _rv(obj)):
+                    changes.append(("ADDED" if previous is None else "MODIFIED", obj))
         return changes
 
     def _on_stored(self, kind: Kind, key: ObjectKey, obj: dict[str, Any], old: dict[str, Any] | None) -> None:

@@ -239,7 +239,7 @@ class Controller:
             log.warning("worker halted by a write hook (simulated crash)")
             self.halted.set()
         finally:
-            api_client.close()
+            api_client.close()  # type: ignore[no-untyped-call]
 
     def _process(self, key: str) -> None:
         assert self.reconciler is not None

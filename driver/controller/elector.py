@@ -71,7 +71,9 @@ class LeaderElector:
         retry_period_seconds: float,
         clock: Clock | None = None,
     ) -> None:
-        self._api = client.CoordinationV1Api(api_client)
+        self._api: Any = client.CoordinationV1Api(
+            api_client
+        )  # Any: we send dicts and read raw JSON (_preload_content=False)
         self.name = name
         self.namespace = namespace
         self.identity = identity

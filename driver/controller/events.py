@@ -110,8 +110,10 @@ class EventRecorder:
     """Runs on the worker thread with the worker's ``ApiClient``."""
 
     def __init__(self, api_client: client.ApiClient, *, identity: str) -> None:
-        self._core = client.CoreV1Api(api_client)
-        self._custom = client.CustomObjectsApi(api_client)
+        self._core: Any = client.CoreV1Api(
+            api_client
+        )  # Any: we send dicts and read raw JSON (_preload_content=False)
+        self._custom: Any = client.CustomObjectsApi(api_client)
         self._identity = identity or COMPONENT
         self._last_message: dict[GangKey, str] = {}
         self.emitted = 0

@@ -11,10 +11,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kubernetes.utils import parse_quantity
-
 from driver.allocator import ClusterState
 from driver.controller.gangs import PodGroup
+from driver.controller.objects import quantity
 
 __all__ = ["NodeOffer", "best_node_offer", "describe_demand", "format_bytes", "share_memory_requests"]
 
@@ -46,7 +45,7 @@ def share_memory_requests(claims: Sequence[dict[str, Any]]) -> list[int]:
         for exact, _count in _requests(claim):
             memory = ((exact.get("capacity") or {}).get("requests") or {}).get("memory")
             if memory is not None:
-                sizes.append(int(parse_quantity(str(memory))))
+                sizes.append(int(quantity(memory)))
     return sizes
 
 
@@ -78,7 +77,7 @@ def describe_demand(claims: Sequence[dict[str, Any]]) -> str:
             if cls == _GPU_CLASS and asked:
                 what = "shares"
                 if "memory" in asked:
-                    what += f" of >={format_bytes(int(parse_quantity(str(asked['memory']))))}"
+                    what += f" of >={format_bytes(int(quantity(asked['memory'])))}"
                 if "compute" in asked:
                     what += f" ({asked['compute']}% compute)"
             elif cls == _GPU_CLASS:

@@ -17,10 +17,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from kubernetes.utils import parse_quantity
-
 from driver.allocator import ClusterState
-from driver.controller.objects import allocation_node
+from driver.controller.objects import allocation_node, quantity
 from driver.inventory.fake import list_profiles, load_profile, resolve_profile
 from driver.slices import build_resource_slices
 
@@ -59,7 +57,7 @@ class Hint:
 
 def _capacity_bytes(device: dict[str, Any], name: str) -> int:
     value = ((device.get("capacity") or {}).get(name) or {}).get("value")
-    return int(parse_quantity(str(value))) if value is not None else 0
+    return int(quantity(value)) if value is not None else 0
 
 
 def _is_gpu(device: dict[str, Any]) -> bool:

@@ -33,6 +33,7 @@ __all__ = [
     "object_key",
     "pod_claim_refs",
     "pod_requests",
+    "quantity",
     "resource_version_is_older",
 ]
 
@@ -131,7 +132,7 @@ def allocation_node(allocation: dict[str, Any] | None) -> str | None:
     terms = ((allocation.get("nodeSelector") or {}).get("nodeSelectorTerms")) or ()
     for term in terms:
         for field in term.get("matchFields") or ():
-            values = field.get("values") or ()
+            values: list[Any] = list(field.get("values") or ())
             if field.get("key") == "metadata.name" and field.get("operator") == "In" and len(values) == 1:
                 return str(values[0])
     return None
@@ -187,8 +188,9 @@ class Resources:
         return ""
 
 
-def _quantity(value: Any) -> Decimal:
-    return Decimal(parse_quantity(str(value)))
+def quantity(value: Any) -> Decimal:
+    """A Kubernetes quantity ("12Gi", "500m") as a number."""
+    return Decimal(parse_quantity(str(value)))  # type: ignore[no-untyped-call]  # the client is untyped
 
 
 def _container_requests(container: dict[str, Any]) -> tuple[int, int]:
@@ -196,7 +198,7 @@ def _container_requests(container: dict[str, Any]) -> tuple[int, int]:
     limits = ((container.get("resources") or {}).get("limits")) or {}
     cpu = requests.get("cpu", limits.get("cpu", 0))  # the API defaults requests to limits
     memory = requests.get("memory", limits.get("memory", 0))
-    return int((_quantity(cpu) * 1000).to_integral_value(rounding="ROUND_CEILING")), int(_quantity(memory))
+    return int((quantity(cpu) * 1000).to_integral_value(rounding="ROUND_CEILING")), int(quantity(memory))
 
 
 def pod_requests(pod: dict[str, Any]) -> Resources:
@@ -218,9 +220,9 @@ def pod_requests(pod: dict[str, Any]) -> Resources:
     cpu, memory = max(cpu + sidecar_cpu, init_cpu), max(memory + sidecar_memory, init_memory)
     overhead = spec.get("overhead") or {}
     if "cpu" in overhead:
-        cpu += int((_quantity(overhead["cpu"]) * 1000).to_integral_value(rounding="ROUND_CEILING"))
+        cpu += int((quantity(overhead["cpu"]) * 1000).to_integral_value(rounding="ROUND_CEILING"))
     if "memory" in overhead:
-        memory += int(_quantity(overhead["memory"]))
+        memory += int(quantity(overhead["memory"]))
     return Resources(cpu, memory, 1)
 
 
@@ -231,10 +233,10 @@ def node_allocatable(node: dict[str, Any]) -> Resources:
     """A node's ``status.allocatable``; a dimension the node does not report is not limited."""
     allocatable = ((node.get("status") or {}).get("allocatable")) or {}
     cpu = (
-        int((_quantity(allocatable["cpu"]) * 1000).to_integral_value(rounding="ROUND_FLOOR"))
+        int((quantity(allocatable["cpu"]) * 1000).to_integral_value(rounding="ROUND_FLOOR"))
         if "cpu" in allocatable
         else _UNLIMITED
     )
-    memory = int(_quantity(allocatable["memory"])) if "memory" in allocatable else _UNLIMITED
-    pods = int(_quantity(allocatable["pods"])) if "pods" in allocatable else _UNLIMITED
+    memory = int(quantity(allocatable["memory"])) if "memory" in allocatable else _UNLIMITED
+    pods = int(quantity(allocatable["pods"])) if "pods" in allocatable else _UNLIMITED
     return Resources(cpu, memory, pods)

@@ -25,14 +25,13 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from kubernetes.utils import parse_quantity
 
 from driver import DRIVER_NAME
 from driver.allocator import ClusterState
 from driver.config import PlanConfig
 from driver.controller.explain import format_bytes
 from driver.controller.hints import Hint, NodeShape, build_template, compute_hint, profile_shapes
-from driver.controller.objects import GANG_LABEL, allocation_node
+from driver.controller.objects import GANG_LABEL, allocation_node, quantity
 from driver.errors import ConfigError
 
 __all__ = [
@@ -177,7 +176,7 @@ def _gpu_memory(shape: NodeShape) -> dict[str, int]:
         for device in (s.get("spec") or {}).get("devices") or ():
             if ((device.get("attributes") or {}).get("type") or {}).get("string") == "gpu":
                 value = ((device.get("capacity") or {}).get("memory") or {}).get("value", "0")
-                memory[str(device["name"])] = int(parse_quantity(str(value)))
+                memory[str(device["name"])] = int(quantity(value))
     return memory
 
 
@@ -195,7 +194,7 @@ def _row(name: str, pods: int, shape: NodeShape, hint: Hint | None) -> PlanRow:
                 continue  # NICs and other devices: not GPU memory
             used_devices.add((node, device))
             consumed = (result.get("consumedCapacity") or {}).get("memory")
-            amount = int(parse_quantity(str(consumed))) if consumed is not None else device_memory[device]
+            amount = int(quantity(consumed)) if consumed is not None else device_memory[device]
             used_bytes[node] = used_bytes.get(node, 0) + amount
     total_per_node = sum(device_memory.values())
     return PlanRow(
@@ -278,7 +277,7 @@ def render_plan(rows: Sequence[PlanRow], output: str) -> str:
     if output == "json":
         return json.dumps({"rows": [r.as_dict() for r in rows]}, indent=2)
     if output == "yaml":
-        return yaml.safe_dump({"rows": [r.as_dict() for r in rows]}, sort_keys=False).rstrip()
+        return str(yaml.safe_dump({"rows": [r.as_dict() for r in rows]}, sort_keys=False)).rstrip()
     header = ("GANG", "PODS", "FITS ON", "GPUS USED", "GPU MEMORY USED", "LEFTOVER GPU MEMORY PER NODE")
     table = [header]
     for r in rows:

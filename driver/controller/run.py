@@ -108,6 +108,6 @@ def run_controller(
             elector.release()
         metrics.leader.set(0)
         if elector_api is not None:
-            elector_api.close()
+            elector_api.close()  # type: ignore[no-untyped-call]
         if server is not None:
             server.stop()

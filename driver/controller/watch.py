@@ -102,7 +102,7 @@ class Watcher(threading.Thread):
                     )
                     self._stop_event.wait(self._backoff_seconds)
         finally:
-            api_client.close()
+            api_client.close()  # type: ignore[no-untyped-call]
 
     def _relist(self, list_function: Callable[..., Any]) -> str:
         items: list[dict[str, Any]] = []
@@ -126,7 +126,7 @@ class Watcher(threading.Thread):
 
     def _lines(self, response: Any) -> Iterator[str]:
         try:
-            for line in iter_resp_lines(response):
+            for line in iter_resp_lines(response):  # type: ignore[no-untyped-call]
                 if line:
                     yield line
         except urllib3.exceptions.HTTPError as error:

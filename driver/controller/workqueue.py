@@ -54,7 +54,7 @@ class WorkQueue:
         with self._condition:
             failures = self._failures.get(key, 0)
             self._failures[key] = failures + 1
-        delay = min(self._base_delay_seconds * (2**failures), self._max_delay_seconds)
+        delay = min(self._base_delay_seconds * float(2**failures), self._max_delay_seconds)
         self.add_after(key, delay)
         return delay
 

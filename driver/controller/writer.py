@@ -53,8 +53,10 @@ class ApiWriter:
     """Owns the worker thread's ``ApiClient``; every method returns the object as the server stored it."""
 
     def __init__(self, api_client: client.ApiClient, *, hook: WriteHook | None = None) -> None:
-        self._resource = client.ResourceV1Api(api_client)
-        self._core = client.CoreV1Api(api_client)
+        self._resource: Any = client.ResourceV1Api(
+            api_client
+        )  # Any: we send dicts and read raw JSON (_preload_content=False)
+        self._core: Any = client.CoreV1Api(api_client)
         self._hook = hook
         self.writes = 0
 
