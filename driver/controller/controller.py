@@ -171,7 +171,9 @@ class Controller:
         is_allocated = event_type != "DELETED" and bool((claim.get("status") or {}).get("allocation"))
         if was_allocated and not is_allocated:
             self._bump_capacity()
-        if event_type != "DELETED":
+        # A new claim (one made from a template) or one that lost its allocation may complete a
+        # gang; our own finalizer and allocation writes need no second look.
+        if event_type == "ADDED" or (was_allocated and not is_allocated):
             for user in self.cache.claim_users(key):
                 if is_gated(user):
                     self.queue.add(GANG_PREFIX + gang_key_of(user))
