@@ -23,14 +23,14 @@ from typing import Any
 from driver.allocator.model import Claim, parse_claim
 from driver.allocator.quantity import Number
 from driver.allocator.results import render_allocation
-from driver.allocator.search import BudgetExceeded, NodeSearch, Solution
+from driver.allocator.search import BudgetExceeded, NodeSearch, Solution, distinct_slots
 from driver.allocator.state import ClusterState, LedgerEntry
 from driver.errors import AllocationError
 
 __all__ = ["place"]
 
 BEST_FIT_BUDGET = 20_000
-FIRST_FIT_BUDGET = 2_000_000
+FIRST_FIT_BUDGET = 200_000  # roughly kube-scheduler's 10 s Filter timeout, in Python steps
 FEASIBLE_NODES_COMPARED = 8
 GANG_SINGLE_NODE_TRIES = 64
 
@@ -250,10 +250,10 @@ class _Gang:
             key, largest, group_total = demand
             if group_total > best_node_free:
                 return False
-            needed_devices = max(
-                (r.count for i in group for slot in self.claims[i].slots for r in slot.alternatives[:1]),
-                default=1,
-            )
+            counts = [slot.alternatives[0].count for i in group for slot in self.claims[i].slots]
+            counts += [distinct_slots(self.claims[i], c) for i in group for c in self.claims[i].constraints
+                       if c.kind == "distinct"]  # fmt: skip
+            needed_devices = max(counts, default=1)
             if needed_devices > 1:
                 per_node: dict[str, int] = {}
                 enough = False

@@ -27,7 +27,7 @@ from driver.allocator.pools import Candidate, PoolView
 from driver.allocator.quantity import Number
 from driver.errors import AllocationError
 
-__all__ = ["BudgetExceeded", "CommittedState", "Entry", "NodeSearch", "Solution"]
+__all__ = ["BudgetExceeded", "CommittedState", "Entry", "NodeSearch", "Solution", "distinct_slots"]
 
 _NO_TAINT_EFFECTS = ("NoSchedule", "NoExecute")
 
@@ -104,6 +104,11 @@ class _DistinctState:
         self.by_request.pop(request.parent, None)
 
 
+def distinct_slots(claim: Claim, constraint: Constraint) -> int:
+    """Requests that every alternative of which falls under ``constraint`` (each needs its own value)."""
+    return sum(1 for slot in claim.slots if all(_applies(constraint, r) for r in slot.alternatives))
+
+
 def _applies(constraint: Constraint, request: Request) -> bool:
     names = constraint.requests
     return not names or request.parent in names or request.name in names
@@ -146,6 +151,7 @@ class NodeSearch:
         self.all_lists: dict[tuple[int, int, int], list[Candidate]] = {}
         self.hopeless: set[tuple[int, int, int]] = set()
         self.solutions: list[Solution] = []
+        self.impossible = False
 
     # ------------------------------------------------------------ entry point
 
@@ -153,6 +159,8 @@ class NodeSearch:
         """The solution (best-fit: the best found), or None; raises AllocationError or BudgetExceeded."""
         for claim_index, claim in enumerate(self.claims):
             self._prepare_claim(claim_index, claim)
+        if self.impossible:
+            return None
         try:
             found = self._step(0, 0, -1, 0, None, 0)
         except _Enough:
@@ -186,6 +194,13 @@ class NodeSearch:
                 f"ResourceClaim {claim.key}: spec.devices.requests: number of requested devices {minimum} "
                 f"exceeds the claim limit of {MAX_RESULTS}"
             )
+        for constraint in claim.constraints:
+            if constraint.kind != "distinct":
+                continue
+            values = {lookup_attribute(c.device, constraint.attribute) for c in self.candidates}
+            values.discard(None)
+            if distinct_slots(claim, constraint) > len(values):
+                self.impossible = True  # each covered request needs a value no other one holds
 
     def _all_devices(self, claim: Claim, request: Request) -> list[Candidate]:
         for pool in self.pools:

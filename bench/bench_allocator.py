@@ -1,0 +1,389 @@
+"""Allocator benchmark: cluster-mode throughput and latency, packing quality, infeasible-gang rejection.
+
+Run: ``.venv/bin/python bench/bench_allocator.py`` (``--quick`` for a smoke run). Prints a markdown table
+and writes bench/results/allocator.json.
+
+Workloads (all published here, seeded):
+- fill: a cluster of N nodes x 8 GPUs (80 GiB, our request policies: memory 256Mi steps, compute 0..100)
+  filled in cluster mode with single-share claims, memory uniform from {5, 10, 12, 20, 40} GiB and compute
+  from {0, 5, 10, 20}, each allocation assumed into the ClusterState before the next, until the placed
+  memory reaches the target fraction (or 200 claims in a row fail). Throughput = attempts per second.
+- packing: a seeded trace on a small cluster (2 nodes x 4 GPUs) solved exactly with scipy.optimize.milp,
+  in two shapes: "fit" (demand about 70 % of memory: fewer GPUs touched is better) and "overflow"
+  (demand about 130 %: more memory placed is better), over seeds 1..SEEDS; plus the 500-node fill, compared
+  against a volume bound.
+- gangs: infeasible gangs on the filled clusters; time from allocate() to None.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from scipy.optimize import Bounds, LinearConstraint, milp
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import summary, write_result
+
+from driver.allocator import ClusterState
+
+DRIVER = "fractional.dev"
+GI = 1 << 30
+GPU_GI = 80
+SIZES_GI = (5, 10, 12, 20, 40)
+COMPUTE = (0, 5, 10, 20)
+STEP = 256 << 20
+
+
+# ---------------------------------------------------------------- workload builders
+
+
+def node_slice(node: str, gpus: int = 8) -> dict[str, Any]:
+    devices = []
+    for index in range(gpus):
+        devices.append(
+            {
+                "name": f"gpu-{index}",
+                "allowMultipleAllocations": True,
+                "attributes": {
+                    "type": {"string": "gpu"},
+                    "uuid": {"string": f"GPU-{node}-{index}"},
+                    "resource.kubernetes.io/numaNode": {"int": index // max(1, gpus // 2)},
+                    "resource.kubernetes.io/pcieRoot": {"string": f"pci{index // 2}"},
+                },
+                "capacity": {
+                    "memory": {
+                        "value": f"{GPU_GI}Gi",
+                        "requestPolicy": {
+                            "default": f"{GPU_GI}Gi",
+                            "validRange": {"min": str(STEP), "max": f"{GPU_GI}Gi", "step": str(STEP)},
+                        },
+                    },
+                    "compute": {
+                        "value": "100",
+                        "requestPolicy": {
+                            "default": "0",
+                            "validRange": {"min": "0", "max": "100", "step": "1"},
+                        },
+                    },
+                },
+            }
+        )
+    return {
+        "metadata": {"name": f"{node}-{DRIVER}"},
+        "spec": {
+            "driver": DRIVER,
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": devices,
+        },
+    }
+
+
+GPU_CLASS = {
+    "metadata": {"name": "gpu.fractional.dev"},
+    "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}" && '
+                                                  f'device.attributes["{DRIVER}"].type == "gpu"'}}]},
+}  # fmt: skip
+
+
+def share_claim(name: str, memory_gi: int, compute: int) -> dict[str, Any]:
+    request = {"deviceClassName": "gpu.fractional.dev", "allocationMode": "ExactCount", "count": 1,
+               "capacity": {"requests": {"memory": f"{memory_gi}Gi", "compute": str(compute)}}}  # fmt: skip
+    return {
+        "metadata": {"name": name, "namespace": "bench", "uid": f"uid-{name}"},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": request}]}},
+    }
+
+
+def trace(seed: int) -> Any:
+    rng = random.Random(seed)
+    index = 0
+    while True:
+        yield share_claim(f"c{index}", rng.choice(SIZES_GI), rng.choice(COMPUTE)), rng
+        index += 1
+
+
+def build_state(nodes: int, gpus: int = 8) -> ClusterState:
+    state = ClusterState()
+    state.upsert_class(GPU_CLASS)
+    for index in range(nodes):
+        state.upsert_slice(node_slice(f"node-{index:05d}", gpus))
+    state.refresh()
+    return state
+
+
+def usage(state: ClusterState) -> tuple[int, int]:
+    """(GPUs with any share, memory bytes consumed) over the whole cluster."""
+    touched = 0
+    used = 0
+    for devices in state.free_summary().values():
+        for info in devices.values():
+            if info["shares"] or info["exclusive"]:
+                touched += 1
+            used += info["memory_bytes_total"] - info["memory_bytes_free"]
+    return touched, used
+
+
+# ---------------------------------------------------------------- fill
+
+
+def fill(
+    nodes: int, policy: str, fraction: float, seed: int, max_claims: int | None = None
+) -> dict[str, Any]:
+    state = build_state(nodes)
+    total = nodes * 8 * GPU_GI * GI
+    placed_bytes = 0
+    placed = attempts = failures_in_row = 0
+    latencies = []
+    started = time.perf_counter()
+    for raw, rng in trace(seed):
+        if placed_bytes >= fraction * total or failures_in_row >= 200:
+            break
+        if max_claims is not None and attempts >= max_claims:
+            break
+        begin = time.perf_counter()
+        allocation = state.allocate([raw], policy=policy, rng=rng)
+        latencies.append(time.perf_counter() - begin)
+        attempts += 1
+        if allocation is None:
+            failures_in_row += 1
+            continue
+        failures_in_row = 0
+        placed += 1
+        placed_bytes += (
+            int(raw["spec"]["devices"]["requests"][0]["exactly"]["capacity"]["requests"]["memory"][:-2]) * GI
+        )
+        state.assume([{**raw, "status": {"allocation": allocation[0]}}])
+    elapsed = time.perf_counter() - started
+    stats = summary([x * 1000 for x in latencies])
+    touched, used = usage(state)
+    return {
+        "state": state,
+        "attempts": attempts,
+        "placed": placed,
+        "claims_per_s": attempts / elapsed,
+        "p50_ms": stats["median"],
+        "p99_ms": stats["p99"],
+        "iqr_ms": stats["iqr"],
+        "fill": used / total,
+        "gpus_touched": touched,
+    }
+
+
+# ---------------------------------------------------------------- packing
+
+
+def small_trace(seed: int, demand_fraction: float, gpus: int) -> list[tuple[int, int]]:
+    rng = random.Random(seed)
+    items: list[tuple[int, int]] = []
+    while sum(m for m, _ in items) < demand_fraction * gpus * GPU_GI:
+        items.append((rng.choice(SIZES_GI), rng.choice(COMPUTE)))
+    return items
+
+
+def optimum(items: list[tuple[int, int]], gpus: int, shape: str) -> float:
+    """Exact MILP: "fit" -> fewest GPUs holding every item; "overflow" -> most GiB placed."""
+    n, b = len(items), gpus
+    nx = n * b
+    cost = np.zeros(nx + b)
+    if shape == "fit":
+        cost[nx:] = 1
+    else:
+        for i, (memory, _) in enumerate(items):
+            cost[i * b : (i + 1) * b] = -memory
+    rows, lows, highs = [], [], []
+    for i in range(n):  # each item on at most (overflow) or exactly (fit) one GPU
+        row = np.zeros(nx + b)
+        row[i * b : (i + 1) * b] = 1
+        rows.append(row)
+        lows.append(1 if shape == "fit" else 0)
+        highs.append(1)
+    for g in range(b):
+        for dim, limit in ((0, GPU_GI), (1, 100)):
+            row = np.zeros(nx + b)
+            for i in range(n):
+                row[i * b + g] = items[i][dim]
+            row[nx + g] = -limit
+            rows.append(row)
+            lows.append(-np.inf)
+            highs.append(0)
+        if g + 1 < b:  # symmetry breaking: GPUs are opened in order
+            row = np.zeros(nx + b)
+            row[nx + g], row[nx + g + 1] = 1, -1
+            rows.append(row)
+            lows.append(0)
+            highs.append(np.inf)
+    result = milp(
+        cost, constraints=LinearConstraint(np.array(rows), lows, highs), integrality=np.ones(nx + b),
+        bounds=Bounds(0, 1), options={"time_limit": 30},
+    )  # fmt: skip
+    if result.x is None:
+        return float("nan")
+    return float(round(result.fun)) if shape == "fit" else float(-round(result.fun))
+
+
+def online(items: list[tuple[int, int]], policy: str, nodes: int, gpus: int) -> tuple[int, int, int]:
+    """(claims placed, GiB placed, GPUs touched) placing the trace in order, skipping what does not fit."""
+    if policy == "whole-gpu":
+        taken = items[: nodes * gpus]
+        return len(taken), sum(m for m, _ in taken), len(taken)
+    state = build_state(nodes, gpus)
+    placed = placed_gi = 0
+    rng = random.Random(0)
+    for index, (memory, compute) in enumerate(items):
+        raw = share_claim(f"p{index}", memory, compute)
+        allocation = state.allocate([raw], policy=policy, rng=rng)
+        if allocation is not None:
+            placed += 1
+            placed_gi += memory
+            state.assume([{**raw, "status": {"allocation": allocation[0]}}])
+    return placed, placed_gi, usage(state)[0]
+
+
+def packing(seeds: int) -> list[dict[str, Any]]:
+    nodes, per_node = 2, 4
+    gpus = nodes * per_node
+    rows = []
+    for shape, demand in (("fit", 0.7), ("overflow", 1.3)):
+        per_policy: dict[str, list[float]] = {
+            p: [] for p in ("whole-gpu", "first-fit", "best-fit", "optimum")
+        }
+        claims: dict[str, list[float]] = {p: [] for p in per_policy}
+        for seed in range(1, seeds + 1):
+            items = small_trace(seed, demand, gpus)
+            for policy in ("whole-gpu", "first-fit", "best-fit"):
+                placed, placed_gi, touched = online(items, policy, nodes, per_node)
+                per_policy[policy].append(touched if shape == "fit" else placed_gi)
+                claims[policy].append(placed)
+            per_policy["optimum"].append(optimum(items, gpus, shape))
+            claims["optimum"].append(float("nan"))
+        for policy, values in per_policy.items():
+            mean = statistics.mean(values)
+            best = statistics.mean(per_policy["optimum"])
+            metric = (
+                "GPUs touched (fit, lower better)"
+                if shape == "fit"
+                else "GiB placed (overflow, higher better)"
+            )
+            rows.append({
+                "benchmark": f"packing {shape} {nodes}x{per_node} GPUs, seeds 1..{seeds}",
+                "policy": policy,
+                "metric": metric,
+                "value": mean,
+                "claims_placed": statistics.mean(claims[policy]) if policy != "optimum" else float("nan"),
+                "vs_optimum": (best / mean if shape == "fit" else mean / best) if mean else float("nan"),
+            })  # fmt: skip
+    return rows
+
+
+# ---------------------------------------------------------------- gangs
+
+
+def gang_rejections(state: ClusterState, label: str) -> list[dict[str, Any]]:
+    total_free = state.total_free
+    gangs = {
+        "9 whole GPUs in one claim (8 per node)": [
+            {"metadata": {"name": "nine", "namespace": "bench", "uid": "nine"},
+             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                 "deviceClassName": "gpu.fractional.dev", "allocationMode": "ExactCount", "count": 9}}]}}}
+        ],
+        "more memory than the cluster has free (40 GiB shares)": [
+            share_claim(f"g{i}", 40, 0) for i in range(int(total_free // (40 * GI)) + 1)
+        ],
+        "9 distinct 40 GiB shares in one claim": [
+            {"metadata": {"name": "wide", "namespace": "bench", "uid": "wide"},
+             "spec": {"devices": {
+                 "requests": [{"name": f"r{i}", "exactly": {
+                     "deviceClassName": "gpu.fractional.dev", "allocationMode": "ExactCount", "count": 1,
+                     "capacity": {"requests": {"memory": "40Gi"}}}} for i in range(9)],
+                 "constraints": [{"distinctAttribute": f"{DRIVER}/uuid"}]}}}
+        ],
+    }  # fmt: skip
+    rows = []
+    for name, gang in gangs.items():
+        times = []
+        for _ in range(5):
+            state.infeasible.clear()  # cold: no remembered "does not fit" answers
+            begin = time.perf_counter()
+            result = state.allocate(gang)
+            times.append((time.perf_counter() - begin) * 1000)
+            assert result is None, name
+        rows.append({
+            "benchmark": f"infeasible gang, {label}", "policy": "best-fit", "metric": name,
+            "value": max(times), "unit": "ms (worst of 5, cold)", "claims": len(gang),
+        })  # fmt: skip
+    return rows
+
+
+# ---------------------------------------------------------------- main
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--fill-500", type=float, default=0.9)
+    parser.add_argument("--fill-5000", type=float, default=0.05)
+    parser.add_argument("--packing-seeds", type=int, default=5)
+    args = parser.parse_args()
+    small, large = (50, 500) if args.quick else (500, 5000)
+    rows: list[dict[str, Any]] = []
+    results = {}
+    for nodes, fraction in ((small, args.fill_500), (large, args.fill_5000)):
+        for policy in ("best-fit", "first-fit"):
+            if policy == "first-fit" and nodes == large:
+                result = fill(nodes, policy, fraction, args.seed, max_claims=2000)
+            else:
+                result = fill(nodes, policy, fraction, args.seed)
+            results[(nodes, policy)] = result
+            rows.append({
+                "benchmark": f"fill {nodes} nodes x 8 GPUs to {fraction:.0%} (cluster mode)"
+                + (", first 2000 claims" if policy == "first-fit" and nodes == large else ""),
+                "policy": policy,
+                "claims_per_s": result["claims_per_s"],
+                "p50_ms": result["p50_ms"],
+                "p99_ms": result["p99_ms"],
+                "iqr_ms": result["iqr_ms"],
+                "attempts": result["attempts"],
+                "placed": result["placed"],
+                "memory_fill": result["fill"],
+                "gpus_touched": result["gpus_touched"],
+            })  # fmt: skip
+        best, plain = results[(nodes, "best-fit")], results[(nodes, "first-fit")]
+        rows[-2]["throughput_vs_first_fit"] = best["claims_per_s"] / plain["claims_per_s"]
+        if nodes == small:
+            volume_gpus = -(-int(best["fill"] * nodes * 8 * GPU_GI) // GPU_GI)
+            rows.append({
+                "benchmark": f"packing {nodes}x8 fill", "policy": "volume bound", "metric": "GPUs touched",
+                "value": volume_gpus, "best_fit": best["gpus_touched"], "first_fit": plain["gpus_touched"],
+                "vs_optimum": volume_gpus / best["gpus_touched"] if best["gpus_touched"] else float("nan"),
+            })  # fmt: skip
+    rows.extend(packing(args.packing_seeds if not args.quick else 2))
+    rows.extend(gang_rejections(results[(small, "best-fit")]["state"], f"{small} nodes filled"))
+    rows.extend(gang_rejections(results[(large, "best-fit")]["state"], f"{large} nodes"))
+    path = write_result("allocator", rows, title="Allocator: throughput, packing, gangs", notes=__doc__ or "")
+    columns: list[str] = []
+    for row in rows:
+        columns.extend(k for k in row if k not in columns)
+    print("| " + " | ".join(columns) + " |")
+    print("|" + "---|" * len(columns))
+    for row in rows:
+        cells = []
+        for column in columns:
+            value = row.get(column, "")
+            cells.append(f"{value:.3g}" if isinstance(value, float) else str(value))
+        print("| " + " | ".join(cells) + " |")
+    print(f"\nwritten {path}")
+
+
+if __name__ == "__main__":
+    main()
