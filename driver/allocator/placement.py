@@ -119,13 +119,16 @@ def _groups(pod_groups: Sequence[Sequence[int]] | None, count: int) -> list[tupl
 
 
 def _indexed_demand(claims: Sequence[Claim], state: ClusterState) -> tuple[str, Number, Number] | None:
-    """(capacity key, largest single request, smallest total) when every request asks for one indexed key."""
+    """(capacity key, a device size some device must offer, smallest total) when every request asks for one
+    indexed key. Both numbers are lower bounds: for a firstAvailable request the smallest alternative counts.
+    """
     key = None
     largest: Number = 0
     total: Number = 0
     for claim in claims:
         for slot in claim.slots:
             smallest = None
+            smallest_single: Number | None = None
             for request in slot.alternatives:
                 if request.all_mode or not request.capacity:
                     return None
@@ -136,10 +139,12 @@ def _indexed_demand(claims: Sequence[Claim], state: ClusterState) -> tuple[str, 
                         return None
                 if key not in asked:
                     return None
-                largest = max(largest, asked[key])
-                need = asked[key] * request.count
+                single = asked[key]
+                smallest_single = single if smallest_single is None else min(smallest_single, single)
+                need = single * request.count
                 smallest = need if smallest is None else min(smallest, need)
             total += smallest or 0
+            largest = max(largest, smallest_single or 0)
     if key is None:
         return None
     return key, largest, total

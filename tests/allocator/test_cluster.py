@@ -15,6 +15,7 @@ from allocator_builders import (
     device,
     device_class,
     exact,
+    first_available,
     node_slice,
     our_classes,
     resource_slice,
@@ -246,3 +247,23 @@ def fresh_state(slices: list[dict[str, Any]], allocated: list[dict[str, Any]]) -
     for raw in allocated:
         state.upsert_claim(raw)
     return state
+
+
+def test_cluster_mode_finds_the_smaller_first_available_alternative() -> None:
+    state = _state({"a": {}}, gpus=1, memory_gi=40)
+    busy = share("busy", 30)
+    taken = state.allocate([busy])
+    assert taken is not None
+    _assume(state, [busy], taken)
+    prioritized = claim(
+        "p",
+        first_available(
+            "gpu",
+            exact("big", class_name="gpu.fractional.dev", capacity={"memory": "20Gi"}),
+            exact("small", class_name="gpu.fractional.dev", capacity={"memory": "8Gi"}),
+        ),
+    )
+    for policy in ("best-fit", "first-fit"):
+        allocations = state.allocate([prioritized], policy=policy)
+        assert allocations is not None
+        assert allocations[0]["devices"]["results"][0]["request"] == "gpu/small"
