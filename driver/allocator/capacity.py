@@ -82,14 +82,15 @@ def _base_consumption(
     if any(name not in capacity for name in wanted):
         result = None
     else:
-        rows = []
+        rows: list[tuple[str, Number, Number]] = []
+        allowed = True
         for name, spec in capacity.items():
             value = consumed_value(wanted.get(name), spec)
             if violates_policy(value, spec):
-                rows = None
+                allowed = False
                 break
             rows.append((name, value, spec.value))
-        result = tuple(rows) if rows is not None else None
+        result = tuple(rows) if allowed else None
     if len(_BASE) > 100_000:
         _BASE.clear()
     _BASE[key] = result

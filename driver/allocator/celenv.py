@@ -126,7 +126,7 @@ def _compare(left: Any, right: Any) -> int:
         b: Any = _quantity_value(right)
     else:
         a, b = _semver_key(left[_S]), _semver_key(right[_S])
-    return (a > b) - (a < b)
+    return int(a > b) - int(a < b)
 
 
 def _fn_quantity(text: Any) -> dict[str, str]:
@@ -188,7 +188,7 @@ _FUNCTIONS: dict[str, Callable[..., Any]] = {
     "asInteger": _fn_as_integer,
     "asApproximateFloat": lambda q: float(_quantity_value(q)),
     "sign": lambda q: (_quantity_value(q) > 0) - (_quantity_value(q) < 0),
-    "isInteger": lambda q: isinstance(_quantity_value(q), int) and abs(_quantity_value(q)) <= _MAX_INT64,
+    "isInteger": lambda q: isinstance(_quantity_value(q), int) and abs(int(_quantity_value(q))) <= _MAX_INT64,
     "major": _semver_part(0),
     "minor": _semver_part(1),
     "patch": _semver_part(2),

@@ -21,7 +21,7 @@ __all__ = ["Candidate", "PoolView", "gather_pools", "matches_node_selector"]
 
 def _requirement_matches(requirement: Mapping[str, Any], value: str | None) -> bool:
     operator = requirement.get("operator", "")
-    values = requirement.get("values") or ()
+    values: list[str] = list(requirement.get("values") or ())
     if operator == "In":
         return value is not None and value in values
     if operator == "NotIn":

@@ -43,12 +43,12 @@ def _node_selector(entries: Sequence[Entry], node: str) -> dict[str, Any] | None
                     fields.append(requirement)
     if not expressions and not fields:
         return None
-    term: dict[str, Any] = {}
+    merged: dict[str, Any] = {}
     if expressions:
-        term["matchExpressions"] = expressions
+        merged["matchExpressions"] = expressions
     if fields:
-        term["matchFields"] = fields
-    return {"nodeSelectorTerms": [term]}
+        merged["matchFields"] = fields
+    return {"nodeSelectorTerms": [merged]}
 
 
 def _configs(claim: Claim, entries: Sequence[Entry]) -> list[dict[str, Any]]:

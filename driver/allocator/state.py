@@ -267,8 +267,8 @@ class ClusterState:
                     if not device.consumes:
                         continue
                     if device.id in self._exclusive or device.id in self._shares:
-                        for set_name, counters in device.consumes:
-                            for counter, value in counters:
+                        for set_name, consumed in device.consumes:
+                            for counter, value in consumed:
                                 key = (set_name, counter)
                                 available[key] = available.get(key, 0) - value
         self._counter_cache[pool_key] = available
