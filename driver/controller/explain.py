@@ -13,6 +13,7 @@ from typing import Any
 
 from driver.allocator import ClusterState
 from driver.controller.gangs import PodGroup
+from driver.controller.hints import place_greedily
 from driver.controller.objects import quantity
 
 __all__ = ["NodeOffer", "best_node_offer", "describe_demand", "format_bytes", "share_memory_requests"]
@@ -103,23 +104,20 @@ def best_node_offer(
     *,
     policy: str,
 ) -> NodeOffer | None:
-    """For each node, the most leading groups of the gang that fit there alone (binary search on
-    the count); the node offering the most devices wins."""
+    """For each node, how many of the gang's pods fit there alone, placed one after another; the
+    node offering the most devices wins."""
     pending = [g for g in groups if g.pending_claims]
     if not pending:
         return None
+    claims = [c for g in pending for c in g.pending_claims]
+    indexes, start = [], 0
+    for group in pending:
+        indexes.append(list(range(start, start + len(group.pending_claims))))
+        start += len(group.pending_claims)
     best: NodeOffer | None = None
     for node in sorted(nodes):
-        low, high, result_at_low = 0, len(pending), []
-        while low < high:
-            middle = (low + high + 1) // 2
-            claims = [c for g in pending[:middle] for c in g.pending_claims]
-            result = state.allocate(claims, node=node, policy=policy)
-            if result is None:
-                high = middle - 1
-            else:
-                low, result_at_low = middle, result
-        shares = sum(len(((a.get("devices") or {}).get("results")) or ()) for a in result_at_low)
-        if best is None or (shares, low) > (best.shares, best.pods):
-            best = NodeOffer(node=node, pods=low, shares=shares)
+        allocations, placed = place_greedily(state, claims, indexes, node=node, policy=policy)
+        shares = sum(len(((a or {}).get("devices") or {}).get("results") or ()) for a in allocations)
+        if best is None or (shares, placed) > (best.shares, best.pods):
+            best = NodeOffer(node=node, pods=placed, shares=shares)
     return best

@@ -28,6 +28,7 @@ __all__ = [
     "build_template",
     "compute_hint",
     "existing_node_shapes",
+    "place_greedily",
     "profile_shapes",
     "render_hint",
 ]
@@ -135,6 +136,40 @@ def build_template(shape: NodeShape, node: str) -> tuple[list[dict[str, Any]], d
     return slices, labels
 
 
+def place_greedily(
+    state: ClusterState,
+    claims: Sequence[dict[str, Any]],
+    groups: Sequence[Sequence[int]],
+    *,
+    node: str | None = None,
+    exclude_nodes: frozenset[str] = frozenset(),
+    policy: str = "best-fit",
+) -> tuple[list[dict[str, Any] | None], int]:
+    """Allocate the pod groups one after another, each counted before the next, without
+    backtracking across groups. Cheap where a joint search that must prove "does not fit" can take
+    seconds; and when it places every group, a joint search would succeed too (so a hint built on
+    it really fits). Returns (allocation per claim, groups placed); ``state`` is left as it was."""
+    allocations: list[dict[str, Any] | None] = [None] * len(claims)
+    tentative: list[dict[str, Any]] = []
+    placed = 0
+    try:
+        for group in groups:
+            result = state.allocate(
+                [claims[i] for i in group], node=node, policy=policy, exclude_nodes=exclude_nodes
+            )
+            if result is None:
+                break
+            for index, allocation in zip(group, result, strict=True):
+                allocations[index] = allocation
+                tentative.append(claims[index])
+                state.upsert_claim({**claims[index], "status": {"allocation": allocation}})
+            placed += 1
+    finally:
+        for claim in tentative:
+            state.upsert_claim(claim)  # unallocated again: its tentative share is gone
+    return allocations, placed
+
+
 def _template_names(shape: NodeShape, count: int) -> list[str]:
     base = shape.name.replace("/", "-").replace(".", "-").lower()
     return [f"scale-up-{base}-{i}" for i in range(count)]
@@ -181,9 +216,8 @@ def compute_hint(
     def attempt(shape: NodeShape, count: int) -> list[dict[str, Any]] | None:
         allowed = set(names_of[shape.name][:count])
         excluded = exclude_nodes | (every_template - allowed)
-        return state.allocate(
-            list(claims), node=None, policy=policy, pod_groups=groups, exclude_nodes=excluded
-        )
+        allocations, placed = place_greedily(state, claims, groups, exclude_nodes=excluded, policy=policy)
+        return [a for a in allocations if a is not None] if placed == len(groups) else None
 
     best: tuple[tuple[int, int, bool, str], Hint] | None = None
     for shape in shapes:

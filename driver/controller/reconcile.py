@@ -73,9 +73,13 @@ class Reconciler:
     def reconcile_gang(self, gang: GangKey) -> bool:
         """Returns True when the gang must be looked at again right away."""
         started = time.monotonic()
+        generation = self.capacity_generation()  # before deciding: a later change re-queues us
         with self.cache.lock:
             plan = plan_gang(self.cache, gang)
             decision = None
+            unfit = self._unfit.get(gang)
+            if plan.action == "allocate" and unfit and unfit.key == (plan.signature, generation):
+                return False  # did not fit, and neither the gang nor the capacity changed since
             if plan.action == "allocate":
                 try:
                     decision = decide(self.cache, plan, policy=self.settings.policy)
@@ -111,7 +115,7 @@ class Reconciler:
             return False
         self._mark_unschedulable(gang, fit=False)
         self.metrics.decisions.labels(outcome="unschedulable").inc()
-        self._explain(plan, decision)
+        self._explain(plan, decision, generation)
         return False
 
     def _mark_unschedulable(self, gang: GangKey, *, fit: bool) -> None:
@@ -218,9 +222,9 @@ class Reconciler:
 
     # -- explaining a gang that does not fit -----------------------------------------------------
 
-    def _explain(self, plan: GangPlan, decision: Decision) -> None:
+    def _explain(self, plan: GangPlan, decision: Decision, generation: int) -> None:
         state = self._unfit.setdefault(plan.key, _Unfit())
-        key = (plan.signature, self.capacity_generation())
+        key = (plan.signature, generation)
         if state.key == key:
             return  # nothing changed since we last said why
         with self.cache.lock:
