@@ -245,6 +245,14 @@ def _device(raw: Mapping[str, Any], driver: str, pool: str, slice_name: str) -> 
     return device
 
 
+def _unnamed_slice_key(metadata: Mapping[str, Any], pool_name: str, spec: Mapping[str, Any]) -> str:
+    """A stable key for a slice not yet named by a server (built locally, e.g. template nodes for
+    scale-up hints): without it, two such slices would replace each other."""
+    devices = spec.get("devices") or []
+    first = devices[0].get("name", "") if devices else ""
+    return f"{metadata.get('generateName', '')}{pool_name}/{first}/{len(devices)}"
+
+
 def parse_slice(raw: Mapping[str, Any]) -> Slice:
     """Parse a ResourceSlice dict; content it cannot understand marks the slice (and its pool) invalid."""
     metadata = raw.get("metadata") or {}
@@ -252,7 +260,7 @@ def parse_slice(raw: Mapping[str, Any]) -> Slice:
     pool = spec.get("pool") or {}
     driver = spec.get("driver", "")
     pool_name = pool.get("name", "")
-    name = metadata.get("name", "")
+    name = metadata.get("name") or _unnamed_slice_key(metadata, pool.get("name", ""), spec)
     invalid = None
     devices: list[Device] = []
     counters: dict[str, dict[str, Number]] = {}
