@@ -30,6 +30,7 @@ from driver.errors import AllocationError
 __all__ = ["place"]
 
 BEST_FIT_BUDGET = 20_000
+SINGLE_NODE_GANG_BUDGET = 2_000  # a non-final attempt: the gang is placed pod by pod next
 FIRST_FIT_BUDGET = 200_000  # roughly kube-scheduler's 10 s Filter timeout, in Python steps
 FEASIBLE_NODES_COMPARED = 8
 GANG_SINGLE_NODE_TRIES = 64
@@ -39,7 +40,12 @@ class _InvalidPools(Exception):
     """No solution on this node and one of its pools is invalid (node-local error upstream)."""
 
 
-def search_node(state: ClusterState, node: str, claims: Sequence[Claim], best_fit: bool) -> Solution | None:
+def search_node(
+    state: ClusterState, node: str, claims: Sequence[Claim], best_fit: bool, *, exhaustive: bool = True
+) -> Solution | None:
+    """``exhaustive=False``: best-fit's bounded search only, no first-fit fallback. For attempts whose
+    failure is not final (a gang tried on one node before it is placed pod by pod): proving that
+    nine identical pods do not fit on eight GPUs would otherwise walk every order of them."""
     view = state.view(node)
     slots = sum(
         len(slot.alternatives[0:1]) * max(1, slot.alternatives[0].count) for c in claims for slot in c.slots
@@ -48,13 +54,15 @@ def search_node(state: ClusterState, node: str, claims: Sequence[Claim], best_fi
         try:
             solution = NodeSearch(
                 state=state, node=node, pools=view.pools, candidates=view.candidates, claims=claims,
-                best_fit=True, budget=BEST_FIT_BUDGET,
+                best_fit=True, budget=BEST_FIT_BUDGET if exhaustive else SINGLE_NODE_GANG_BUDGET,
                 max_solutions=1 if slots <= 1 else FEASIBLE_NODES_COMPARED,
             ).run()  # fmt: skip
             if solution is not None:
                 return solution
         except BudgetExceeded:
             pass
+        if not exhaustive:
+            return None
     try:
         solution = NodeSearch(
             state=state, node=node, pools=view.pools, candidates=view.candidates, claims=claims,
@@ -280,7 +288,7 @@ class _Gang:
             tries += 1
             if tries > GANG_SINGLE_NODE_TRIES:
                 break
-            solution = self._evaluate(node, claims)
+            solution = self._evaluate(node, claims, exhaustive=False)
             if solution is None:
                 continue
             result = []
@@ -294,14 +302,14 @@ class _Gang:
 
     # ------------------------------------------------------------ one group
 
-    def _evaluate(self, node: str, claims: Sequence[Claim]) -> Solution | None:
+    def _evaluate(self, node: str, claims: Sequence[Claim], *, exhaustive: bool = True) -> Solution | None:
         state = self.state
-        signature = (tuple(c.signature for c in claims), self.best_fit)
+        signature = (tuple(c.signature for c in claims), self.best_fit, exhaustive)
         version = state.node_version(node)
         if state.infeasible.get((signature, node)) == version:
             return None
         try:
-            solution = search_node(state, node, claims, self.best_fit)
+            solution = search_node(state, node, claims, self.best_fit, exhaustive=exhaustive)
         except _InvalidPools:
             solution = None
         if solution is None:

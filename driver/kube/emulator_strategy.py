@@ -58,6 +58,7 @@ RESOURCE_TYPES: tuple[ResourceType, ...] = (
     ResourceType("", "v1", "namespaces", "Namespace", namespaced=False, status_subresource=True,
                  field_labels=frozenset({"status.phase"})),
     ResourceType("", "v1", "configmaps", "ConfigMap", namespaced=True),
+    ResourceType("", "v1", "podtemplates", "PodTemplate", namespaced=True),
     ResourceType("coordination.k8s.io", "v1", "leases", "Lease", namespaced=True),
     ResourceType(
         "events.k8s.io", "v1", "events", "Event", namespaced=True,
