@@ -95,9 +95,9 @@ def _env_list(flag: str) -> list[str]:
     return [part for part in raw.split(",") if part]
 
 
-def _add_common(parser: argparse.ArgumentParser) -> None:
+def _add_common(parser: argparse.ArgumentParser, *, default_level: str = "info") -> None:
     parser.add_argument("--log-format", choices=("text", "json"), default=_env("--log-format", "text"))
-    parser.add_argument("--log-level", default=_env("--log-level", "info"))
+    parser.add_argument("--log-level", default=_env("--log-level", default_level))
 
 
 def _add_backend_flags(parser: argparse.ArgumentParser) -> None:
@@ -189,7 +189,7 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scenario", default=_env("--scenario", "full"), help="full | small")
     p.add_argument("--keep-running", action="store_true", default=_env_bool("--keep-running"))
     p.add_argument("--output-dir", default=_env("--output-dir", "demo-output"))
-    _add_common(p)
+    _add_common(p, default_level="warning")  # the demo talks through its progress lines
     return parser
 
 

@@ -72,7 +72,8 @@ def compute_gpu_usage(slices: list[dict[str, Any]], claims: list[dict[str, Any]]
             entry["compute"] += _quantity_int(consumed.get("compute", 0))
             entry["shares"] += 1
             if _quantity_int(consumed.get("memory", 0)) >= entry["total"]:
-                entry["exclusive"] = True
+                entry["exclusive"] = True  # all of its memory: nobody else can use it
+                entry["compute"] = 100
     return [
         GPUUsage(
             node=v["node"],
