@@ -2,7 +2,11 @@
 
 Start-up order (``NodeAgent.start``):
  1. discover the inventory; build the sharing backends; ``DeviceState`` restores what the
-    checkpoint says is prepared (re-acquire shares, re-create missing CDI files);
+    checkpoint says is prepared (re-acquire shares, re-create missing CDI files); then MPS control
+    daemons that no restored share needs (left by a crash mid-prepare) are stopped. With real GPUs
+    (nvml) the agent checks once that the NVIDIA toolkit's ``nvidia.com/gpu`` CDI spec exists in
+    ``/etc/cdi``, ``/var/run/cdi`` or ``--cdi-root`` and logs a warning when it does not (prepared
+    claims name ``nvidia.com/gpu=<uuid>``, which the runtime could not resolve);
  2. DRA server (v1 + v1beta1 [+ health]) on ``<plugin-dir>/dra[-<podUID>].sock`` -- stale file
     removed, then 0600 (0660 with ``--socket-group``); the plugin dir is 0750;
  3. registration server on ``<registry-dir>/fractional.dev[-<podUID>]-reg.sock``, last, because the
@@ -11,7 +15,12 @@ Start-up order (``NodeAgent.start``):
     the kubelet can register the plugin meanwhile; a Prepare arriving before it is ready waits
     for it. A bad kubeconfig still fails ``start`` (exit 2), after the sockets are removed again;
  5. the ``slice-publisher`` thread and the health monitor; the ``probe-http`` thread on
-    ``--metrics-port`` (``/metrics``, ``/healthz``, ``/readyz``; 0 = off).
+    ``--metrics-port`` (``/metrics``, ``/healthz``, ``/readyz``; 0 = off); the ``claim-status``
+    thread that writes ``status.devices`` (``driver.plugin.status``).
+
+Health: the monitor's ``on_change`` stores the new taints and asks the publisher for an immediate
+publish (``SlicePublisher.request_sync``; its loop notices within a quarter second) and wakes the
+v1alpha1 health streams, so a change does not wait for the periodic resync.
 
 Shutdown (``stop``): the registration server goes first (its socket disappears, the kubelet
 deregisters us), then the DRA server with a grace period for in-flight calls; threads are joined,
@@ -24,6 +33,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -34,6 +44,7 @@ from driver.config import PluginConfig
 from driver.errors import ConfigError, FractionalError, NotFoundError, TransientError
 from driver.inventory.discover import discover_inventory
 from driver.inventory.model import NodeInventory
+from driver.plugin.cdi import NVIDIA_TOOLKIT_KIND, STANDARD_SPEC_DIRS, find_spec_for_kind
 from driver.plugin.checkpoint import BOOT_ID_PATH, read_boot_id
 from driver.plugin.claims import ClaimReader
 from driver.plugin.devices import PrepareSettings
@@ -41,6 +52,7 @@ from driver.plugin.dra_service import ClaimSource, add_dra_services
 from driver.plugin.health import HealthMonitor, build_health_taints
 from driver.plugin.health_service import HealthStreamer
 from driver.plugin.http import ProbeServer
+from driver.plugin.metrics import HEALTH_CHANGES_TOTAL
 from driver.plugin.proto_gen import (
     dra_health_v1alpha1_pb2_grpc,
     dra_v1_pb2,
@@ -52,7 +64,9 @@ from driver.plugin.registration import RegistrationServicer, RegistrationStatus,
 from driver.plugin.server import build_grpc_server, listen_unix, remove_socket, secure_socket
 from driver.plugin.sharing.base import DeviceNode, SharingBackend
 from driver.plugin.sharing.factory import build_sharing_backends
+from driver.plugin.sharing.mps import MpsBackend
 from driver.plugin.state import DeviceState, EffectHook
+from driver.plugin.status import ClaimStatusWriter
 from driver.slices import Taints
 
 if TYPE_CHECKING:
@@ -60,7 +74,7 @@ if TYPE_CHECKING:
 
     from driver.publisher import SlicePublisher
 
-__all__ = ["NodeAgent", "run_agent"]
+__all__ = ["NodeAgent", "check_toolkit_cdi_spec", "run_agent"]
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +98,25 @@ def rdma_device_nodes(sysfs_root: str | Path, inventory: NodeInventory) -> dict[
     return nodes
 
 
+def check_toolkit_cdi_spec(directories: Sequence[str | Path]) -> Path | None:
+    """Start-up check with real GPUs: the NVIDIA toolkit's ``nvidia.com/gpu`` CDI spec, which every
+    prepared GPU names (``nvidia.com/gpu=<uuid>``), should exist in one of ``directories``.
+    Logs one line (a warning when it is missing: containers of prepared claims would not start)
+    and returns the spec found; never fails the start (the spec may be generated later)."""
+    searched = [str(directory) for directory in dict.fromkeys(str(d) for d in directories)]
+    found = find_spec_for_kind(searched, NVIDIA_TOOLKIT_KIND)
+    if found is None:
+        log.warning(
+            "no nvidia.com/gpu CDI spec found: containers using prepared GPUs will fail to start until "
+            "one exists; generate it with 'nvidia-ctk cdi generate --output=/var/run/cdi/nvidia.yaml' "
+            "or enable CDI in the GPU operator",
+            extra={"searched": searched, "kind": NVIDIA_TOOLKIT_KIND},
+        )
+    else:
+        log.info("nvidia.com/gpu CDI spec found", extra={"path": str(found)})
+    return found
+
+
 def _open_nvml() -> ModuleType:
     import pynvml
 
@@ -98,6 +131,9 @@ class NodeAgent:
     ``kube_configuration``: the API to use (default: from ``config.kubeconfig``). ``claims``:
     replaces the API read of claims (benchmarks). ``effect_hook``: see ``DeviceState``.
     ``publish_slices=False`` skips the slice publisher (tests of the kubelet side only).
+    ``write_claim_status``: write ``status.devices`` after prepare; default: as ``publish_slices``
+    (an agent that publishes nothing, in tests of the kubelet side and benchmarks, reads claims
+    but writes nothing to the API).
     """
 
     def __init__(
@@ -110,6 +146,7 @@ class NodeAgent:
         boot_id_path: str | Path = BOOT_ID_PATH,
         effect_hook: EffectHook | None = None,
         publish_slices: bool = True,
+        write_claim_status: bool | None = None,
     ) -> None:
         self.config = config
         self.paths: SocketPaths = socket_paths(
@@ -123,6 +160,8 @@ class NodeAgent:
         self._boot_id_path = boot_id_path
         self._effect_hook = effect_hook
         self._publish_slices = publish_slices
+        self._write_claim_status = publish_slices if write_claim_status is None else write_claim_status
+        self._status_writer: ClaimStatusWriter | None = None
         self._nvml: ModuleType | None = None
         self._backends: dict[str, SharingBackend] = {}
         self._dra_server: grpc.Server | None = None
@@ -195,6 +234,9 @@ class NodeAgent:
             effect_hook=self._effect_hook,
         )
         restored = self.state.restore()
+        self._stop_unused_mps_daemons()
+        if inventory.backend == "nvml" and config.cdi_spec_check:
+            check_toolkit_cdi_spec([*STANDARD_SPEC_DIRS, config.cdi_root])
         reader = ClaimReader() if self._claims is None else None
         claims: ClaimSource = reader if reader is not None else self._claims  # type: ignore[assignment]
 
@@ -212,8 +254,13 @@ class NodeAgent:
             resend_seconds=config.health_resend_seconds,
         )
 
+        if self._write_claim_status:
+            self._status_writer = ClaimStatusWriter(
+                node=inventory.node_name, nics={nic.name: nic for nic in inventory.nics}
+            )
+            self._status_writer.start()  # waits for connect(); prepares meanwhile only enqueue
         dra = build_grpc_server(max_workers=config.max_workers)
-        add_dra_services(dra, state=self.state, claims=claims)
+        add_dra_services(dra, state=self.state, claims=claims, status=self._status_writer)
         dra_health_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server(  # type: ignore[no-untyped-call]
             self._streamer, dra
         )
@@ -241,12 +288,15 @@ class NodeAgent:
             },
         )
 
-        if (reader is not None or self._publish_slices) and self._kube_configuration is None:
+        needs_api = reader is not None or self._publish_slices or self._status_writer is not None
+        if needs_api and self._kube_configuration is None:
             from driver.kube.client import load_configuration
 
             self._kube_configuration = load_configuration(config.kubeconfig)
         if reader is not None:
             reader.connect(self._require_configuration())
+        if self._status_writer is not None:
+            self._status_writer.connect(self._require_configuration())
 
         self._health.start()
         if self._publish_slices:
@@ -274,6 +324,18 @@ class NodeAgent:
             )
         return self._kube_configuration
 
+    # -- start-up checks ------------------------------------------------------------------------
+
+    def _stop_unused_mps_daemons(self) -> None:
+        """After the restore: an MPS daemon no restored share needs (an agent killed between
+        starting it and completing the prepare) would hold its GPU in EXCLUSIVE_PROCESS mode."""
+        mps = self._backends.get("mps")
+        if not isinstance(mps, MpsBackend):
+            return
+        stopped = mps.stop_unused_daemons()
+        if stopped:
+            log.info("unused mps daemons stopped", extra={"gpu_uuids": list(stopped)})
+
     # -- slices and health ---------------------------------------------------------------------
 
     def _inventory_source(self) -> tuple[NodeInventory, Taints | None]:
@@ -294,6 +356,7 @@ class NodeAgent:
         publisher.run(self.stop_event, self._inventory_source)
 
     def _on_health_change(self, snapshot: Any) -> None:
+        HEALTH_CHANGES_TOTAL.inc()
         taints = build_health_taints(snapshot)
         with self._taints_lock:
             self._taints = taints or None
@@ -345,6 +408,9 @@ class NodeAgent:
                 remove_socket(path)
             except ConfigError as error:
                 log.warning("socket path not removed", extra={"path": str(path), "reason": str(error)})
+        if self._status_writer is not None:  # after the DRA server: nothing enqueues any more
+            self._status_writer.close(timeout=grace + 5.0)
+            self._status_writer = None
         if self._probe is not None:
             self._probe.close()
             self._probe = None

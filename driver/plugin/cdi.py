@@ -32,6 +32,7 @@ __all__ = [
     "check_name_part",
     "claim_spec_path",
     "device_name",
+    "find_spec_for_kind",
     "minimum_cdi_version",
     "parse_container_edits",
     "qualified_device_id",
@@ -46,6 +47,8 @@ __all__ = [
 CDI_VENDOR = "k8s.fractional.dev"
 CDI_CLASSES = ("gpu", "nic")
 NVIDIA_TOOLKIT_KIND = "nvidia.com/gpu"  # the NVIDIA container toolkit's own CDI devices
+STANDARD_SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")  # where runtimes look for CDI specs by default
+_SPEC_SUFFIXES = (".json", ".yaml", ".yml")
 MAX_NAME_PART_LENGTH = 128  # a UUID is 36; file names stay far below NAME_MAX (255)
 SHARE_PREFIX_LENGTH = 8
 
@@ -201,3 +204,31 @@ def remove_claim_specs(cdi_root: str | Path, claim_uid: str) -> list[Path]:
             continue
         removed.append(path)
     return removed
+
+
+def find_spec_for_kind(directories: Iterable[str | Path], kind: str) -> Path | None:
+    """The first CDI spec file (``*.json``/``*.yaml``/``*.yml``, directories in order, names sorted)
+    whose ``kind`` is ``kind``, e.g. the NVIDIA toolkit's ``nvidia.com/gpu``; None when there is none.
+
+    Missing directories and unreadable or malformed files are skipped (the runtime would skip them
+    too). Only reads files.
+    """
+    import yaml  # JSON is YAML too; only the nvml start-up check calls this
+
+    seen: set[Path] = set()
+    for directory in directories:
+        try:
+            paths = sorted(Path(directory).iterdir())
+        except OSError:
+            continue
+        for path in paths:
+            if path.suffix not in _SPEC_SUFFIXES or path in seen or not path.is_file():
+                continue
+            seen.add(path)
+            try:
+                spec = yaml.safe_load(path.read_text())
+            except (OSError, UnicodeDecodeError, yaml.YAMLError):
+                continue
+            if isinstance(spec, Mapping) and spec.get("kind") == kind:
+                return path
+    return None

@@ -40,6 +40,7 @@ __all__ = [
     "PreparedDevice",
     "choose_backend",
     "compute_prepared_devices",
+    "deduplicated_edits",
     "make_claim_ref",
 ]
 
@@ -221,6 +222,21 @@ def _gpu_share(
     )
 
 
+def deduplicated_edits(edits: ContainerEdits) -> ContainerEdits:
+    """Pure: ``edits`` without exact repeats (env entries, mounts, device nodes), first one kept.
+
+    Merging the claim-wide FRACTIONAL_* part with a backend's edits, or several backends' edits,
+    can repeat an entry (HAMi adds the same cache mount for every share of a claim). A repeated
+    identical mount or variable changes nothing in the container but makes the spec longer and
+    some runtimes log it; an entry that differs in any field is kept, so a real conflict still shows.
+    """
+    return ContainerEdits(
+        env=tuple(dict.fromkeys(edits.env)),
+        mounts=tuple(dict.fromkeys(edits.mounts)),
+        device_nodes=tuple(dict.fromkeys(edits.device_nodes)),
+    )
+
+
 def _joined(values: list[str]) -> str:
     return ",".join(values)
 
@@ -301,7 +317,7 @@ def compute_prepared_devices(
         ids: tuple[str, ...] = (cdi.qualified_device_id("gpu", name),)
         if settings.toolkit_cdi:
             ids += (cdi.toolkit_device_id(gpu.uuid),)
-        edits = ContainerEdits(env=gpu_env).merged(backend.container_edits(share))
+        edits = deduplicated_edits(ContainerEdits(env=gpu_env).merged(backend.container_edits(share)))
         prepared[result.index] = PreparedDevice(
             kind=DeviceKind.GPU,
             request_names=(base_request_name(result.request),),
@@ -325,7 +341,7 @@ def compute_prepared_devices(
             share_id=result.share_id,
             cdi_name=name,
             cdi_device_ids=(cdi.qualified_device_id("nic", name),),
-            edits=ContainerEdits(env=nic_env, device_nodes=nic_nodes),
+            edits=deduplicated_edits(ContainerEdits(env=nic_env, device_nodes=nic_nodes)),
             admin_access=result.admin_access,
         )
     return tuple(prepared[index] for index in sorted(prepared))

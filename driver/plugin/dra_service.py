@@ -2,7 +2,10 @@
 
 Both versions share one implementation; v1 also reports ``share_id``. Per claim: check the
 reference, GET the claim (outside every lock), ``DeviceState.prepare``, and map the result. A
-``ClaimError`` becomes that claim's ``error`` string; every requested UID gets an entry.
+``ClaimError`` becomes that claim's ``error`` string; every requested UID gets an entry. After a
+successful prepare (and an unprepare of a claim that was prepared) the optional ``ClaimStatusSink``
+is told; it only enqueues (``driver.plugin.status``), so ``status.devices`` never delays or fails
+the answer to the kubelet.
 ``TransientError`` (and any other ``FractionalError``) fails the whole RPC with UNAVAILABLE so the
 kubelet retries; a bug propagates and gRPC logs it and answers UNKNOWN.
 """
@@ -23,7 +26,7 @@ from driver.plugin.metrics import CLAIM_OPERATIONS_TOTAL, RPC_SECONDS
 from driver.plugin.proto_gen import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
 from driver.plugin.state import DeviceState
 
-__all__ = ["ClaimSource", "DRAServicer", "add_dra_services"]
+__all__ = ["ClaimSource", "ClaimStatusSink", "DRAServicer", "add_dra_services"]
 
 log = logging.getLogger(__name__)
 
@@ -32,12 +35,29 @@ class ClaimSource(Protocol):
     def read(self, ref: ClaimRef) -> Claim: ...
 
 
+class ClaimStatusSink(Protocol):
+    """Where prepared/unprepared claims are reported (``ClaimStatusWriter``); must not block."""
+
+    def prepared(self, ref: ClaimRef, devices: tuple[PreparedDevice, ...]) -> None: ...
+
+    def unprepared(self, ref: ClaimRef) -> None: ...
+
+
 class DRAServicer:
     """Implements ``DRAPlugin`` for one proto version (``pb`` = its ``*_pb2`` module)."""
 
-    def __init__(self, *, state: DeviceState, claims: ClaimSource, pb: ModuleType, version: str) -> None:
+    def __init__(
+        self,
+        *,
+        state: DeviceState,
+        claims: ClaimSource,
+        pb: ModuleType,
+        version: str,
+        status: ClaimStatusSink | None = None,
+    ) -> None:
         self._state = state
         self._claims = claims
+        self._status = status
         self._pb = pb
         self._version = version
         self._share_ids = "share_id" in pb.Device.DESCRIPTOR.fields_by_name
@@ -77,6 +97,8 @@ class DRAServicer:
                     results[reference.uid] = self._pb.NodePrepareResourceResponse(error=str(error))
                     continue
                 CLAIM_OPERATIONS_TOTAL.labels(operation="prepare", result="ok").inc()
+                if self._status is not None:
+                    self._status.prepared(ref, devices)
                 log.debug("claim prepared", extra={"claim_uid": ref.uid, "devices": len(devices)})
                 results[reference.uid] = self._pb.NodePrepareResourceResponse(
                     devices=[self._device(device) for device in devices]
@@ -98,7 +120,7 @@ class DRAServicer:
                     ref = make_claim_ref(
                         namespace=reference.namespace, name=reference.name, uid=reference.uid
                     )
-                    self._state.unprepare(ref)  # never GETs the claim: it may be gone already
+                    was_prepared = self._state.unprepare(ref)  # never GETs the claim: it may be gone
                 except ClaimError as error:
                     log.warning(
                         "claim not unprepared", extra={"claim_uid": reference.uid, "reason": str(error)}
@@ -107,6 +129,8 @@ class DRAServicer:
                     results[reference.uid] = self._pb.NodeUnprepareResourceResponse(error=str(error))
                     continue
                 CLAIM_OPERATIONS_TOTAL.labels(operation="unprepare", result="ok").inc()
+                if was_prepared and self._status is not None:
+                    self._status.unprepared(ref)
                 results[reference.uid] = self._pb.NodeUnprepareResourceResponse()
         except FractionalError as error:
             self._fail(context, "NodeUnprepareResources", error)
@@ -117,12 +141,15 @@ class DRAServicer:
         return self._pb.NodeUnprepareResourcesResponse(claims=results)
 
 
-def add_dra_services(server: grpc.Server, *, state: DeviceState, claims: ClaimSource) -> None:
+def add_dra_services(
+    server: grpc.Server, *, state: DeviceState, claims: ClaimSource, status: ClaimStatusSink | None = None
+) -> None:
     """Serve ``v1.DRAPlugin`` and ``v1beta1.DRAPlugin`` on ``server``."""
     # The generated *_pb2_grpc modules are untyped.
     dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(  # type: ignore[no-untyped-call]
-        DRAServicer(state=state, claims=claims, pb=dra_v1_pb2, version="v1"), server
+        DRAServicer(state=state, claims=claims, pb=dra_v1_pb2, version="v1", status=status), server
     )
     dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(  # type: ignore[no-untyped-call]
-        DRAServicer(state=state, claims=claims, pb=dra_v1beta1_pb2, version="v1beta1"), server
+        DRAServicer(state=state, claims=claims, pb=dra_v1beta1_pb2, version="v1beta1", status=status),
+        server,
     )

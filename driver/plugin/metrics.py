@@ -11,6 +11,8 @@ from prometheus_client import Counter, Gauge, Histogram
 __all__ = [
     "CHECKPOINT_CORRUPT_TOTAL",
     "CLAIM_OPERATIONS_TOTAL",
+    "CLAIM_STATUS_WRITES_TOTAL",
+    "HEALTH_CHANGES_TOTAL",
     "HEALTH_STREAMS",
     "PREPARED_CLAIMS",
     "REGISTERED",
@@ -37,6 +39,16 @@ CLAIM_OPERATIONS_TOTAL = Counter(
     "fractional_plugin_claim_operations",
     "Per-claim prepare/unprepare outcomes",
     ["operation", "result"],
+)
+CLAIM_STATUS_WRITES_TOTAL = Counter(
+    "fractional_plugin_claim_status_writes",
+    "ResourceClaim status.devices writes after prepare (write) and unprepare (remove), by outcome "
+    "(ok, unchanged, gone, failed)",
+    ["operation", "result"],
+)
+HEALTH_CHANGES_TOTAL = Counter(
+    "fractional_plugin_health_changes",
+    "Device health changes seen by the monitor (each triggers a slice publish and a health-stream message)",
 )
 CHECKPOINT_CORRUPT_TOTAL = Counter(
     "fractional_plugin_checkpoint_corrupt",

@@ -193,19 +193,21 @@ class DeviceState:
 
     # -- unprepare -----------------------------------------------------------------------------
 
-    def unprepare(self, ref: ClaimRef) -> None:
-        """Undo ``prepare``; unknown or already unprepared claims succeed."""
+    def unprepare(self, ref: ClaimRef) -> bool:
+        """Undo ``prepare``; unknown or already unprepared claims succeed. True when the claim was
+        in the checkpoint (it had been prepared, or its prepare had started)."""
         uid = ref.uid
         with self._serialized(uid):
             entry = self._store.load().claims.get(uid)
             cdi.remove_claim_specs(self._cdi_root, uid)
             self._effect("cdi-removed", uid)
             if entry is None:
-                return
+                return False
             self._release(uid, entry.devices)
             self._effect("shares-released", uid)
             self._update_checkpoint(lambda checkpoint: checkpoint.without(uid))
             self._effect("checkpoint-removed", uid)
+        return True
 
     def _release(self, claim_uid: str, devices: tuple[PreparedDevice, ...]) -> None:
         for device in devices:
