@@ -12,10 +12,11 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from kubernetes import client
 
+from driver.demo.objects import as_dict
 from driver.errors import ConflictError, NotFoundError
 from driver.kube import REQUEST_TIMEOUT_SECONDS, api_errors, new_api_client
 
@@ -87,33 +88,40 @@ class PodBinder:
     def sync_once(self, core: client.CoreV1Api, resource: client.ResourceV1Api) -> None:
         with api_errors(f"list pods in {self._namespace}"):
             pods = core.list_namespaced_pod(self._namespace, _request_timeout=REQUEST_TIMEOUT_SECONDS)
-        present = {}
-        for pod in pods.items:
-            present[pod.metadata.name] = pod
-            if pod.spec.scheduling_gates or pod.spec.node_name or pod.metadata.deletion_timestamp:
+        present: dict[str, dict[str, Any]] = {}
+        for pod in (as_dict(item) for item in pods.items):
+            present[pod["metadata"]["name"]] = pod
+            spec = pod.get("spec") or {}
+            if (
+                spec.get("schedulingGates")
+                or spec.get("nodeName")
+                or pod["metadata"].get("deletionTimestamp")
+            ):
                 continue
             self._bind(core, resource, pod)
         with self._lock:
             gone = [
                 b
                 for name, b in self._bound.items()
-                if name not in present or present[name].metadata.uid != b.uid
+                if name not in present or present[name]["metadata"]["uid"] != b.uid
             ]
         for bound in gone:
             self._release(resource, bound)
 
-    def _bind(self, core: client.CoreV1Api, resource: client.ResourceV1Api, pod: Any) -> None:
-        namespace, name = pod.metadata.namespace, pod.metadata.name
+    def _bind(self, core: client.CoreV1Api, resource: client.ResourceV1Api, pod: dict[str, Any]) -> None:
+        metadata = pod["metadata"]
+        namespace, name, pod_uid = metadata["namespace"], metadata["name"], metadata["uid"]
         claims = []
         node = None
-        for ref in pod.spec.resource_claims or []:
-            if not ref.resource_claim_name:
+        for ref in pod["spec"].get("resourceClaims") or []:
+            claim_name = ref.get("resourceClaimName")
+            if not claim_name:
                 return
-            with api_errors(f"get ResourceClaim {namespace}/{ref.resource_claim_name}"):
+            with api_errors(f"get ResourceClaim {namespace}/{claim_name}"):
                 claim = resource.read_namespaced_resource_claim(
-                    ref.resource_claim_name, namespace, _request_timeout=REQUEST_TIMEOUT_SECONDS
+                    claim_name, namespace, _request_timeout=REQUEST_TIMEOUT_SECONDS
                 )
-            raw = client.ApiClient().sanitize_for_serialization(claim)
+            raw = as_dict(claim)
             allocation = (raw.get("status") or {}).get("allocation")
             if not allocation:
                 return  # not ours to allocate (yet)
@@ -123,20 +131,21 @@ class PodBinder:
             return
         refs = []
         for raw in claims:
-            self._reserve(resource, raw, pod)
+            self._reserve(resource, raw, name, pod_uid)
             refs.append(
                 {"namespace": namespace, "name": raw["metadata"]["name"], "uid": raw["metadata"]["uid"]}
             )
+        binding = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": name, "namespace": namespace},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+        }
         with api_errors(f"bind Pod {namespace}/{name}"):
             core.create_namespaced_pod_binding(
                 name,
                 namespace,
-                {
-                    "apiVersion": "v1",
-                    "kind": "Binding",
-                    "metadata": {"name": name, "namespace": namespace},
-                    "target": {"apiVersion": "v1", "kind": "Node", "name": node},
-                },
+                cast(Any, binding),
                 _request_timeout=REQUEST_TIMEOUT_SECONDS,
                 _preload_content=False,  # the client cannot decode the Status the server answers with
             )
@@ -149,7 +158,7 @@ class PodBinder:
                 errors.append(f"{ref['name']}: {result['error']}")
             for device in result.get("devices", []):
                 cdi_devices.extend(device.get("cdi_device_ids", []))
-        bound = BoundPod(name, pod.metadata.uid, node, refs, cdi_devices, "; ".join(errors) or None)
+        bound = BoundPod(name, pod_uid, node, refs, cdi_devices, "; ".join(errors) or None)
         phase = "Failed" if errors else "Running"
         with api_errors(f"update status of Pod {namespace}/{name}"):
             core.patch_namespaced_pod(
@@ -165,32 +174,29 @@ class PodBinder:
             self._bound[name] = bound
         log.info("pod bound and prepared", extra={"pod": f"{namespace}/{name}", "node": node, "phase": phase})
 
-    def _reserve(self, resource: client.ResourceV1Api, raw: dict[str, Any], pod: Any) -> None:
-        entry = {"resource": "pods", "name": pod.metadata.name, "uid": pod.metadata.uid}
+    def _reserve(
+        self, resource: client.ResourceV1Api, raw: dict[str, Any], pod_name: str, pod_uid: str
+    ) -> None:
+        entry = {"resource": "pods", "name": pod_name, "uid": pod_uid}
+        name, namespace = raw["metadata"]["name"], raw["metadata"]["namespace"]
         for _attempt in range(5):
-            status = raw.setdefault("status", {})
-            reserved = status.setdefault("reservedFor", [])
-            if any(r.get("uid") == entry["uid"] for r in reserved):
+            reserved = raw.setdefault("status", {}).setdefault("reservedFor", [])
+            if any(r.get("uid") == pod_uid for r in reserved):
                 return
             reserved.append(entry)
             try:
-                with api_errors(f"reserve ResourceClaim {raw['metadata']['name']}"):
+                with api_errors(f"reserve ResourceClaim {namespace}/{name}"):
                     resource.replace_namespaced_resource_claim_status(
-                        raw["metadata"]["name"],
-                        raw["metadata"]["namespace"],
-                        raw,
-                        _request_timeout=REQUEST_TIMEOUT_SECONDS,
+                        name, namespace, cast(Any, raw), _request_timeout=REQUEST_TIMEOUT_SECONDS
                     )
                 return
             except ConflictError:
-                with api_errors(f"get ResourceClaim {raw['metadata']['name']}"):
+                with api_errors(f"get ResourceClaim {namespace}/{name}"):
                     fresh = resource.read_namespaced_resource_claim(
-                        raw["metadata"]["name"],
-                        raw["metadata"]["namespace"],
-                        _request_timeout=REQUEST_TIMEOUT_SECONDS,
+                        name, namespace, _request_timeout=REQUEST_TIMEOUT_SECONDS
                     )
                 raw.clear()
-                raw.update(client.ApiClient().sanitize_for_serialization(fresh))
+                raw.update(as_dict(fresh))
 
     def _release(self, resource: client.ResourceV1Api, bound: BoundPod) -> None:
         self._kubelets[bound.node].unprepare(bound.claims)
@@ -201,7 +207,7 @@ class PodBinder:
                         claim = resource.read_namespaced_resource_claim(
                             ref["name"], ref["namespace"], _request_timeout=REQUEST_TIMEOUT_SECONDS
                         )
-                    raw = client.ApiClient().sanitize_for_serialization(claim)
+                    raw = as_dict(claim)
                     status = raw.get("status") or {}
                     reserved = [r for r in status.get("reservedFor") or [] if r.get("uid") != bound.uid]
                     if reserved == (status.get("reservedFor") or []):
@@ -212,7 +218,10 @@ class PodBinder:
                         status.pop("reservedFor", None)
                     with api_errors(f"unreserve ResourceClaim {ref['name']}"):
                         resource.replace_namespaced_resource_claim_status(
-                            ref["name"], ref["namespace"], raw, _request_timeout=REQUEST_TIMEOUT_SECONDS
+                            ref["name"],
+                            ref["namespace"],
+                            cast(Any, raw),
+                            _request_timeout=REQUEST_TIMEOUT_SECONDS,
                         )
                     break
                 except NotFoundError:

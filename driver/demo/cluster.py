@@ -18,7 +18,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 
 from kubernetes import client
 
@@ -84,16 +84,19 @@ class FakeCluster:
         resource = client.ResourceV1Api(api_client)
         with api_errors(f"create Namespace {namespace}"):
             core.create_namespace(
-                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
+                cast(Any, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}),
                 _request_timeout=REQUEST_TIMEOUT_SECONDS,
             )
         for device_class in build_device_classes():
             with api_errors(f"create DeviceClass {device_class['metadata']['name']}"):
-                resource.create_device_class(device_class, _request_timeout=REQUEST_TIMEOUT_SECONDS)
+                resource.create_device_class(
+                    cast(Any, device_class), _request_timeout=REQUEST_TIMEOUT_SECONDS
+                )
         for name, profile, zone in self.nodes_spec:
             with api_errors(f"create Node {name}"):
                 core.create_node(
-                    build_node(name, profile=profile, zone=zone), _request_timeout=REQUEST_TIMEOUT_SECONDS
+                    cast(Any, build_node(name, profile=profile, zone=zone)),
+                    _request_timeout=REQUEST_TIMEOUT_SECONDS,
                 )
 
     def start_agents(self) -> None:

@@ -10,6 +10,7 @@ __all__ = [
     "GATE",
     "GANG_LABEL",
     "GANG_SIZE_ANNOTATION",
+    "as_dict",
     "build_claim",
     "build_device_classes",
     "build_node",
@@ -22,6 +23,19 @@ GATE = "fractional.dev/allocation"
 GANG_LABEL = "fractional.dev/gang"
 GANG_SIZE_ANNOTATION = "fractional.dev/gang-size"
 PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
+
+_SERIALIZER: Any = None
+
+
+def as_dict(obj: Any) -> dict[str, Any]:
+    """A client model as the API serves it (camelCase dict); the client's own serializer is untyped."""
+    global _SERIALIZER
+    if _SERIALIZER is None:
+        from kubernetes import client
+
+        _SERIALIZER = client.ApiClient()
+    result: dict[str, Any] = _SERIALIZER.sanitize_for_serialization(obj)
+    return result
 
 
 def build_device_classes() -> list[dict[str, Any]]:

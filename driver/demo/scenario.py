@@ -11,14 +11,14 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, cast
 
 from kubernetes import client
 
 from driver.config import DemoConfig
 from driver.demo.binder import PodBinder
 from driver.demo.cluster import FakeCluster, wait_until
-from driver.demo.objects import build_claim, build_pod, gpu_request, nic_request
+from driver.demo.objects import as_dict, build_claim, build_pod, gpu_request, nic_request
 from driver.demo.report import compute_gpu_usage, render_usage_table, write_packing_png
 from driver.kube import REQUEST_TIMEOUT_SECONDS, new_api_client
 
@@ -87,8 +87,7 @@ class _Demo:
 
     # ---- API helpers ---------------------------------------------------------------------------
     def _raw(self, obj: Any) -> dict[str, Any]:
-        result: dict[str, Any] = client.ApiClient().sanitize_for_serialization(obj)
-        return result
+        return as_dict(obj)
 
     def claims(self) -> list[dict[str, Any]]:
         items = self.resource.list_namespaced_resource_claim(
@@ -115,10 +114,10 @@ class _Demo:
     ) -> None:
         claim = build_claim(f"{name}-claim", NAMESPACE, requests, match_pcie_root=match_pcie_root)
         self.resource.create_namespaced_resource_claim(
-            NAMESPACE, claim, _request_timeout=REQUEST_TIMEOUT_SECONDS
+            NAMESPACE, cast(Any, claim), _request_timeout=REQUEST_TIMEOUT_SECONDS
         )
         pod = build_pod(name, NAMESPACE, [f"{name}-claim"], gang=gang, gang_size=gang_size)
-        self.core.create_namespaced_pod(NAMESPACE, pod, _request_timeout=REQUEST_TIMEOUT_SECONDS)
+        self.core.create_namespaced_pod(NAMESPACE, cast(Any, pod), _request_timeout=REQUEST_TIMEOUT_SECONDS)
 
     def running(self, names: list[str]) -> bool:
         phases = {p["metadata"]["name"]: (p.get("status") or {}).get("phase") for p in self.pods()}
@@ -158,9 +157,7 @@ class _Demo:
         )
         published = self.slices()
         device_count = sum(len(sl["spec"].get("devices") or []) for sl in published)
-        self.say(
-            f"{len(published)} ResourceSlices published, {device_count} devices"
-        )
+        self.say(f"{len(published)} ResourceSlices published, {device_count} devices")
         self.cluster.start_controller()
         binder = PodBinder(configuration, NAMESPACE, {n.name: n.kubelet for n in self.cluster.nodes})
         binder.start(self.stop)
@@ -242,7 +239,7 @@ class _Demo:
 
     def _hint(self, pod_name: str) -> str | None:
         pod = self.core.read_namespaced_pod(pod_name, NAMESPACE, _request_timeout=REQUEST_TIMEOUT_SECONDS)
-        value = (pod.metadata.annotations or {}).get(HINT_ANNOTATION)
+        value = (as_dict(pod)["metadata"].get("annotations") or {}).get(HINT_ANNOTATION)
         return str(value) if value else None
 
     def _report(self, inference: list[str], binder: PodBinder) -> None:

@@ -36,11 +36,11 @@ def load_configuration(kubeconfig: str | None) -> client.Configuration:
     configuration = client.Configuration()
     try:
         if kubeconfig:
-            config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+            config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)  # type: ignore[no-untyped-call]
         elif os.path.exists(config.incluster_config.SERVICE_TOKEN_FILENAME):
-            config.load_incluster_config(client_configuration=configuration)
+            config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
         else:
-            config.load_kube_config(client_configuration=configuration)
+            config.load_kube_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
     except (config.ConfigException, OSError) as error:
         raise ConfigError(field="--kubeconfig (FRACTIONAL_KUBECONFIG)", problem=str(error)) from error
     return configuration
@@ -65,7 +65,7 @@ def get_json(api_client: client.ApiClient, path: str, *, what: str) -> dict[str,
     response = api_client.call_api(
         method, url, header_params=headers, _request_timeout=REQUEST_TIMEOUT_SECONDS
     )
-    response.read()
+    response.read()  # type: ignore[no-untyped-call]
     check_response_status(response.status, response.data or b"", what)
     result: dict[str, Any] = json.loads(response.data or b"{}")
     return result

@@ -173,6 +173,11 @@ def _client_methods() -> frozenset[str]:
     return frozenset(names)
 
 
+RAW_GET = re.compile(
+    r'get_json\(\s*[\w.]+,\s*f?"/(?:api/v1|apis/([\w.]+)/\w+)/(?:namespaces/[^/"]+/)?([a-z]+)/'
+)
+
+
 def _calls_in(path: Path) -> set[tuple[str, str, str]]:
     """(group, resource, verb) of every Kubernetes client method referenced in one file."""
     text = path.read_text(encoding="utf-8")
@@ -201,6 +206,9 @@ def _calls_in(path: Path) -> set[tuple[str, str, str]]:
         found.add((group, resource, verb))
         if verb == "list" and WATCH.search(text):
             found.add((group, resource, "watch"))
+    for match in RAW_GET.finditer(text):  # driver.kube.client.get_json: a GET without a typed API class
+        group = match.group(1) or ""
+        found.add((group, match.group(2), "get"))
     return found
 
 
