@@ -291,6 +291,9 @@ class ClaimStatusWriter:
                 log.exception("claim status write failed unexpectedly", extra={"claim": intent.ref.key})
                 result = "failed"
             CLAIM_STATUS_WRITES_TOTAL.labels(operation=intent.operation, result=result).inc()
+        if self._api is not None:
+            self._api.api_client.close()
+            self._api = None
         with self._changed:
             self._busy = False
             self._changed.notify_all()
