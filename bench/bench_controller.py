@@ -34,10 +34,9 @@ from kubernetes import client
 
 from bench._common import summary, write_result
 from driver.controller import Controller, ReconcilerSettings
-from driver.controller.plan import default_device_classes
 from driver.inventory.fake import load_profile, resolve_profile
 from driver.kube import load_configuration
-from driver.slices import build_resource_slices
+from driver.slices import build_device_classes, build_resource_slices
 
 NAMESPACE = "default"
 
@@ -87,7 +86,7 @@ def pod(name: str) -> dict[str, Any]:
 def populate(configuration: client.Configuration, nodes: int) -> None:
     api = client.ApiClient(configuration)
     core, resource = client.CoreV1Api(api), client.ResourceV1Api(api)
-    for device_class in default_device_classes():
+    for device_class in build_device_classes():
         resource.create_device_class(device_class, _preload_content=False)
     allocatable = {"cpu": "224", "memory": "2000Gi", "pods": "110"}
 

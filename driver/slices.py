@@ -32,6 +32,7 @@ __all__ = [
     "PublishResult",
     "SlicePublisher",
     "build_device_chunks",
+    "build_device_classes",
     "build_devices",
     "build_gpu_device",
     "build_nic_device",
@@ -232,6 +233,24 @@ def build_resource_slices(
         )
         for chunk in chunks
     ]
+
+
+def build_device_classes() -> list[dict[str, Any]]:
+    """The DeviceClasses that select our devices: ``gpu.fractional.dev`` and ``nic.fractional.dev``
+    (the chart installs the same selectors; charts/fractional-dra/templates/deviceclasses.yaml)."""
+
+    def device_class(name: str, device_type: str) -> dict[str, Any]:
+        expression = (
+            f'device.driver == "{DRIVER_NAME}" && device.attributes["{DRIVER_NAME}"].type == "{device_type}"'
+        )
+        return {
+            "apiVersion": API_VERSION,
+            "kind": "DeviceClass",
+            "metadata": {"name": name},
+            "spec": {"selectors": [{"cel": {"expression": expression}}]},
+        }
+
+    return [device_class("gpu.fractional.dev", "gpu"), device_class("nic.fractional.dev", "nic")]
 
 
 def slice_device_names(resource_slice: Mapping[str, Any]) -> frozenset[str]:

@@ -26,19 +26,18 @@ from typing import Any
 
 import yaml
 
-from driver import DRIVER_NAME
 from driver.allocator import ClusterState
 from driver.config import PlanConfig
 from driver.controller.explain import format_bytes
 from driver.controller.hints import Hint, NodeShape, build_template, compute_hint, profile_shapes
 from driver.controller.objects import GANG_LABEL, allocation_node, quantity
 from driver.errors import ConfigError
+from driver.slices import build_device_classes
 
 __all__ = [
     "Gang",
     "PlanRow",
     "compute_plan",
-    "default_device_classes",
     "parse_claims_file",
     "render_plan",
     "run_plan",
@@ -77,23 +76,6 @@ class PlanRow:
         }
 
 
-def default_device_classes() -> list[dict[str, Any]]:
-    """The classes the chart installs."""
-
-    def device_class(name: str, kind: str) -> dict[str, Any]:
-        expression = (
-            f'device.driver == "{DRIVER_NAME}" && device.attributes["{DRIVER_NAME}"].type == "{kind}"'
-        )
-        return {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "DeviceClass",
-            "metadata": {"name": name},
-            "spec": {"selectors": [{"cel": {"expression": expression}}]},
-        }
-
-    return [device_class("gpu.fractional.dev", "gpu"), device_class("nic.fractional.dev", "nic")]
-
-
 def _fail(source: str, field: str, problem: str) -> ConfigError:
     return ConfigError(field=f"--claims {source}: {field}", problem=problem)
 
@@ -112,7 +94,7 @@ def parse_claims_file(path: str) -> tuple[list[Gang], list[dict[str, Any]]]:
         raise _fail(path, "file", f"cannot read: {error.strerror or error}") from error
     except yaml.YAMLError as error:
         raise _fail(path, "file", f"not valid YAML: {error}") from error
-    classes = default_device_classes()
+    classes = build_device_classes()
     gangs: list[Gang] = []
     grouped: dict[str, list[dict[str, Any]]] = {}
     for index, document in enumerate(documents):

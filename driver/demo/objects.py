@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from driver import DRIVER_NAME
+from driver.slices import build_device_classes
 
 __all__ = [
     "GATE",
@@ -36,23 +36,6 @@ def as_dict(obj: Any) -> dict[str, Any]:
         _SERIALIZER = client.ApiClient()
     result: dict[str, Any] = _SERIALIZER.sanitize_for_serialization(obj)
     return result
-
-
-def build_device_classes() -> list[dict[str, Any]]:
-    """The two classes the chart installs (charts/fractional-dra/templates/deviceclasses.yaml)."""
-
-    def device_class(name: str, device_type: str) -> dict[str, Any]:
-        expression = (
-            f'device.driver == "{DRIVER_NAME}" && device.attributes["{DRIVER_NAME}"].type == "{device_type}"'
-        )
-        return {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "DeviceClass",
-            "metadata": {"name": name},
-            "spec": {"selectors": [{"cel": {"expression": expression}}]},
-        }
-
-    return [device_class("gpu.fractional.dev", "gpu"), device_class("nic.fractional.dev", "nic")]
 
 
 def build_node(name: str, *, profile: str, zone: str) -> dict[str, Any]:
