@@ -138,6 +138,9 @@ def test_demo_small_scenario_outcome_in_the_api(tmp_path: Path) -> None:
             assert process.stdout is not None
             process.stdout.close()
     assert process.returncode == 0
+    while not lines.empty():
+        output.append(lines.get())
+    assert "Traceback" not in "".join(output), "the demo logged an error:\n" + "".join(output)
     assert kubeconfig is not None
     runtime_dir = Path(kubeconfig).parent
     assert not runtime_dir.exists(), "runtime dir (sockets, CDI files) left behind"

@@ -78,6 +78,8 @@ class _Demo:
         self.scenario = SCENARIOS[config.scenario]
         self.cluster = FakeCluster(nodes_spec=list(self.scenario.nodes))
         self.started = time.monotonic()
+        self.binder_stop = threading.Event()  # the binder ends before the API and the agents do
+        self.binder: PodBinder | None = None
         self.core: client.CoreV1Api
         self.resource: client.ResourceV1Api
 
@@ -160,7 +162,8 @@ class _Demo:
         self.say(f"{len(published)} ResourceSlices published, {device_count} devices")
         self.cluster.start_controller()
         binder = PodBinder(configuration, NAMESPACE, {n.name: n.kubelet for n in self.cluster.nodes})
-        binder.start(self.stop)
+        binder.start(self.binder_stop)
+        self.binder = binder
         self.say(f"allocation controller started (policy {self.cluster.policy})")
 
         # 1. inference shares, packed
@@ -301,4 +304,7 @@ def run_demo(config: DemoConfig, stop: threading.Event, out: TextIO) -> int:
         demo.say("interrupted; stopping everything")
         return 130
     finally:
+        demo.binder_stop.set()
+        if demo.binder is not None:
+            demo.binder.join()
         demo.cluster.close()
