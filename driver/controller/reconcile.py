@@ -245,7 +245,8 @@ class Reconciler:
         name = plan.key.split("/", 1)[1]
         message = f"gang {name} ({len(plan.gated)} pods) needs {describe_demand(claims)}; "
         message += (
-            f"best node {offer.node} offers {offer.shares}"
+            f"best node {offer.node} offers room for {offer.pods} of {len(plan.gated)} pods "
+            f"({offer.shares} devices)"
             if offer and offer.shares
             else "no node offers any"
         )

@@ -114,7 +114,7 @@ def test_unfit_gang_gets_one_event_and_a_hint_that_really_fits(
     (event,) = _unschedulable_events(cluster)
     assert event["type"] == "Warning"
     assert "4 shares of >=16Gi" in event["message"]
-    assert "best node node-a offers 2" in event["message"]
+    assert "best node node-a offers room for 2 of 4 pods (2 devices)" in event["message"]
     assert not any(cluster.allocated(n) for n in names)
     # Follow the hint: add that many nodes of that profile, and the gang goes through.
     for i in range(hint["nodes"]):
