@@ -7,20 +7,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kubernetes.utils.quantity import parse_quantity
+
 from driver import DRIVER_NAME
 
 __all__ = ["GPUUsage", "compute_gpu_usage", "render_usage_table", "write_packing_png"]
 
 GIB = 1024**3
-_SUFFIXES = {"Ki": 1024, "Mi": 1024**2, "Gi": 1024**3, "Ti": 1024**4, "k": 1000, "M": 1000**2, "G": 1000**3}
 
 
 def _quantity_int(value: Any) -> int:
-    text = str(value)
-    for suffix, factor in _SUFFIXES.items():
-        if text.endswith(suffix):
-            return int(float(text[: -len(suffix)]) * factor)
-    return int(float(text))
+    return int(parse_quantity(str(value)))  # type: ignore[no-untyped-call]  # the client is untyped
 
 
 @dataclass(frozen=True, slots=True)
