@@ -15,9 +15,11 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from driver.allocator import allocate
 from driver.kube.kubelet import KubeletSimulator
 from driver.plugin.agent import NodeAgent
 from driver.plugin.health import HEALTH_TAINT_KEY
+from driver.slices import build_device_classes
 from tests.plugin.conftest import NODE, NodeDirs, wait_for
 
 StartAgent = Callable[..., NodeAgent]
@@ -42,6 +44,30 @@ def resource_api(kube_configuration: client.Configuration) -> Iterator[client.Re
         yield client.ResourceV1Api(api_client)
     finally:
         api_client.close()
+
+
+def _gpu_claim(count: int, tolerate: bool = False) -> dict[str, Any]:
+    exactly: dict[str, Any] = {"deviceClassName": "gpu.fractional.dev", "count": count}
+    if tolerate:
+        exactly["tolerations"] = [{"key": HEALTH_TAINT_KEY, "operator": "Exists"}]
+    return {
+        "metadata": {"name": "c", "namespace": "ns", "uid": f"uid-{count}-{tolerate}"},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}},
+    }
+
+
+def assert_allocator_avoids(api: client.ResourceV1Api, *, tainted_device: str, healthy_device: str) -> None:
+    """The slices as published, fed to our allocator: the tainted GPU is not chosen without a toleration."""
+    response = api.list_resource_slice(field_selector=f"spec.nodeName={NODE}", _preload_content=False)
+    slices = json.loads(response.data)["items"]
+    classes = build_device_classes()
+    for policy in ("best-fit", "first-fit"):
+        (one,) = allocate([_gpu_claim(1)], slices=slices, classes=classes, node=NODE, policy=policy) or [None]
+        assert one is not None and [r["device"] for r in one["devices"]["results"]] == [healthy_device]
+        assert allocate([_gpu_claim(2)], slices=slices, classes=classes, node=NODE, policy=policy) is None
+        tolerated = allocate([_gpu_claim(2, True)], slices=slices, classes=classes, node=NODE, policy=policy)
+        assert tolerated is not None
+        assert {r["device"] for r in tolerated[0]["devices"]["results"]} == {healthy_device, tainted_device}
 
 
 def test_xid_taints_the_device_reports_unhealthy_and_clears(
@@ -80,6 +106,7 @@ def test_xid_taints_the_device_reports_unhealthy_and_clears(
         {"key": HEALTH_TAINT_KEY, "value": "xid-79", "effect": "NoSchedule"}
     ]
     assert tainted["gpu-0"] == [] and tainted["nic-0"] == []
+    assert_allocator_avoids(resource_api, tainted_device="gpu-1", healthy_device="gpu-0")
     unhealthy = next(stream)  # sent on the change, long before the 30 s resend
     assert {d["device_name"]: d["health"] for d in unhealthy} == {"gpu-0": "HEALTHY", "gpu-1": "UNHEALTHY"}
     assert [d["message"] for d in unhealthy if d["device_name"] == "gpu-1"] == ["fell off the bus"]
