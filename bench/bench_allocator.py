@@ -179,6 +179,67 @@ def fill(
     }
 
 
+# ---------------------------------------------------------------- spread vs pack
+
+
+def spread_vs_pack(nodes: int, fraction: float, seed: int) -> list[dict[str, Any]]:
+    """What is left for whole-GPU work after a partial fill with shares.
+
+    Baseline "kube-scheduler": the scheduler filters nodes with the same device rules and, with
+    its default NodeResourcesFit scoring (LeastAllocated on the pods' CPU/memory; identical pods
+    here), picks the node with the fewest pods, then the first fitting device on it. Our policies
+    choose the node too (cluster mode). Counted: GPUs touched, whole GPUs still free, and empty
+    nodes (how many 8-GPU training pods could still start).
+    """
+    rows = []
+    for policy in ("kube-scheduler (spread, first-fit devices)", "first-fit", "best-fit"):
+        state = build_state(nodes)
+        total = nodes * 8 * GPU_GI * GI
+        pods_on: dict[str, int] = {f"node-{i:05d}": 0 for i in range(nodes)}
+        placed_bytes = placed = 0
+        for raw, rng in trace(seed):
+            if placed_bytes >= fraction * total:
+                break
+            if policy.startswith("kube-scheduler"):
+                allocation = None
+                for node in sorted(pods_on, key=lambda n: (pods_on[n], n)):
+                    allocation = state.allocate([raw], node=node, policy="first-fit", rng=rng)
+                    if allocation is not None:
+                        pods_on[node] += 1
+                        break
+            else:
+                allocation = state.allocate([raw], policy=policy, rng=rng)
+            if allocation is None:
+                break
+            placed += 1
+            placed_bytes += (
+                int(raw["spec"]["devices"]["requests"][0]["exactly"]["capacity"]["requests"]["memory"][:-2])
+                * GI
+            )
+            state.assume([{**raw, "status": {"allocation": allocation[0]}}])
+        touched, _ = usage(state)
+        summary_by_node = state.free_summary()
+        whole_free = sum(
+            1 for devices in summary_by_node.values() for info in devices.values()
+            if not info["shares"] and not info["exclusive"]
+        )  # fmt: skip
+        empty_nodes = sum(
+            1 for devices in summary_by_node.values()
+            if all(not info["shares"] and not info["exclusive"] for info in devices.values())
+        )  # fmt: skip
+        rows.append({
+            "benchmark": f"spread vs pack: {nodes} nodes x 8 GPUs, shares to {fraction:.0%} of memory",
+            "policy": policy, "claims_placed": placed, "gpus_touched": touched,
+            "whole_gpus_free": whole_free, "empty_nodes": empty_nodes,
+        })  # fmt: skip
+    baseline = rows[0]
+    for row in rows[1:]:
+        if baseline["empty_nodes"]:
+            row["empty_nodes_vs_kube_scheduler"] = row["empty_nodes"] / baseline["empty_nodes"]
+        row["gpus_touched_vs_kube_scheduler"] = row["gpus_touched"] / baseline["gpus_touched"]
+    return rows
+
+
 # ---------------------------------------------------------------- packing
 
 
@@ -371,6 +432,7 @@ def main() -> None:
                 "value": volume_gpus, "best_fit": best["gpus_touched"], "first_fit": plain["gpus_touched"],
                 "vs_optimum": volume_gpus / best["gpus_touched"] if best["gpus_touched"] else float("nan"),
             })  # fmt: skip
+    rows.extend(spread_vs_pack(50 if not args.quick else 10, 0.3, args.seed))
     rows.extend(packing(args.packing_seeds if not args.quick else 2))
     rows.extend(gang_rejections(results[(small, "best-fit")]["state"], f"{small} nodes filled"))
     rows.extend(gang_rejections(results[(large, "best-fit")]["state"], f"{large} nodes"))
