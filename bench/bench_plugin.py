@@ -9,7 +9,7 @@ Rows:
   wall time of a whole round.
 - ``agent start-up``: ``python -m driver plugin`` as a subprocess, from spawn to a registration
   socket that answered the simulated kubelet (GetInfo + NotifyRegistrationStatus); its peak RSS
-  (``ru_maxrss`` after SIGTERM).
+  (``VmHWM`` of the agent process once it is registered and has published its slices).
 
 Files as in production: the plugin dir on disk (``/tmp``), the CDI root on tmpfs (``/dev/shm``,
 like ``/var/run/cdi``) when it exists. Targets (issue 3): p99 < 10 ms for one claim without the
@@ -226,6 +226,13 @@ def _row(label: str, samples: list[float], *, target: float | None = None) -> di
     return row
 
 
+def _vm_hwm_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text(encoding="utf-8").splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no VmHWM for pid {pid}")
+
+
 def bench_startup(api_server: APIServer, starts: int) -> list[dict[str, Any]]:
     root = Path(tempfile.mkdtemp(prefix="fdb-s-", dir="/tmp"))
     kubeconfig = root / "kubeconfig"
@@ -241,6 +248,7 @@ def bench_startup(api_server: APIServer, starts: int) -> list[dict[str, Any]]:
             command += ["--plugin-dir", str(root / f"plugin{index}"), "--cdi-root", str(root / f"cdi{index}")]
             command += ["--kubeconfig", str(kubeconfig), "--metrics-port", "0"]
             env = {**os.environ, "PYTHONPATH": str(ROOT)}
+            lists_before = api_server.request_count(verb="list", resource="resourceslices")
             started = time.perf_counter()
             process = subprocess.Popen(command, cwd=ROOT, env=env, stderr=subprocess.DEVNULL)
             kubelet = KubeletSimulator(registry, kubelet_version="1.35")
@@ -249,12 +257,22 @@ def bench_startup(api_server: APIServer, starts: int) -> list[dict[str, Any]]:
                 startup.append(time.perf_counter() - started)
             finally:
                 kubelet.close()
+            # VmHWM is the peak RSS of the agent's own address space. ru_maxrss from wait4 is not:
+            # Linux carries the forking parent's RSS into the child's maxrss across exec, so a big
+            # benchmark process would inflate it.
+            deadline = time.monotonic() + 30  # measure once the publisher has done its first sync
+            while api_server.request_count(verb="list", resource="resourceslices") == lists_before:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("agent did not list its ResourceSlices within 30 s")
+                time.sleep(0.02)
+            time.sleep(0.5)  # let the first publish finish its writes
+            peak_kib = _vm_hwm_kib(process.pid)
             process.send_signal(signal.SIGTERM)
-            _, status, usage = os.wait4(process.pid, 0)
+            _, status, _usage = os.wait4(process.pid, 0)
             process.returncode = os.waitstatus_to_exitcode(status)
             if process.returncode != 0:
                 raise RuntimeError(f"agent exited with {process.returncode} after SIGTERM")
-            rss.append(usage.ru_maxrss / 1024)  # KiB -> MiB
+            rss.append(peak_kib / 1024)  # KiB -> MiB
     finally:
         shutil.rmtree(root, ignore_errors=True)
     s, r = summary(startup), summary(rss)
