@@ -240,6 +240,107 @@ def spread_vs_pack(nodes: int, fraction: float, seed: int) -> list[dict[str, Any
     return rows
 
 
+# ---------------------------------------------------------------- churn
+
+
+def whole_gpu_claim(name: str) -> dict[str, Any]:
+    request = {"deviceClassName": "gpu.fractional.dev", "allocationMode": "ExactCount", "count": 1}
+    return {
+        "metadata": {"name": name, "namespace": "bench", "uid": f"uid-{name}"},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": request}]}},
+    }
+
+
+def _place_spread(state: ClusterState, raw: dict[str, Any], pods_on: dict[str, int], rng: Any) -> Any:
+    for node in sorted(pods_on, key=lambda n: (pods_on[n], n)):
+        allocation = state.allocate([raw], node=node, policy="first-fit", rng=rng)
+        if allocation is not None:
+            pods_on[node] += 1
+            return allocation, node
+    return None, None
+
+
+def churn(nodes: int, fraction: float, steps: int, seed: int) -> list[dict[str, Any]]:
+    """Shares come and go; every 10th arrival wants a whole GPU. Counted: whole-GPU requests that
+    found no GPU, and whole GPUs left free at the end. The same seeded event sequence for every
+    policy (a departure picks a random live claim)."""
+    policies = ("kube-scheduler (spread, first-fit devices)", "first-fit", "best-fit")
+    seeds = (seed, seed + 1, seed + 2)
+    rows = []
+    for policy in policies:
+        runs = [_churn_one(policy, nodes, fraction, steps, s) for s in seeds]
+        row = dict(runs[0])
+        row["benchmark"] += f", mean of seeds {seeds[0]}..{seeds[-1]}"
+        for key in ("whole_gpu_failed", "shares_failed", "whole_gpus_free_at_end", "gpus_touched_at_end"):
+            row[key] = statistics.mean(run[key] for run in runs)
+        rows.append(row)
+    baseline = rows[1]
+    for row in rows:
+        row["whole_gpus_free_vs_first_fit"] = row["whole_gpus_free_at_end"] / max(
+            1, baseline["whole_gpus_free_at_end"]
+        )
+    return rows
+
+
+def _churn_one(policy: str, nodes: int, fraction: float, steps: int, seed: int) -> dict[str, Any]:
+    state = build_state(nodes)
+    rng = random.Random(seed)
+    total = nodes * 8 * GPU_GI * GI
+    live: list[tuple[str, int, str | None]] = []  # (uid, memory bytes, node for spread)
+    pods_on: dict[str, int] = {f"node-{i:05d}": 0 for i in range(nodes)}
+    used = 0
+    spread = policy.startswith("kube-scheduler")
+
+    def arrive(raw: dict[str, Any], memory: int) -> bool:
+        nonlocal used
+        if spread:
+            allocation, node = _place_spread(state, raw, pods_on, rng)
+        else:
+            allocation, node = state.allocate([raw], policy=policy, rng=rng), None
+        if allocation is None:
+            return False
+        state.assume([{**raw, "status": {"allocation": allocation[0]}}])
+        if allocation[0]["devices"]["results"][0].get("consumedCapacity") is None:
+            memory = GPU_GI * GI
+        live.append((raw["metadata"]["uid"], memory, node))
+        used += memory
+        return True
+
+    index = 0
+    while used < fraction * total:  # warm-up fill with shares
+        size = rng.choice(SIZES_GI)
+        if not arrive(share_claim(f"w{index}", size, rng.choice(COMPUTE)), size * GI):
+            break
+        index += 1
+    whole_asked = whole_failed = shares_failed = 0
+    for step in range(steps):
+        uid, memory, node = live.pop(rng.randrange(len(live)))
+        state.remove_claim(uid)
+        used -= memory
+        if node is not None:
+            pods_on[node] -= 1
+        index += 1
+        if step % 10 == 9:
+            whole_asked += 1
+            whole_failed += not arrive(whole_gpu_claim(f"c{index}"), GPU_GI * GI)
+        else:
+            size = rng.choice(SIZES_GI)
+            shares_failed += not arrive(share_claim(f"c{index}", size, rng.choice(COMPUTE)), size * GI)
+    summary_by_node = state.free_summary()
+    return {
+        "benchmark": f"churn: {nodes} nodes x 8 GPUs at {fraction:.0%}, {steps} departures+arrivals",
+        "policy": policy,
+        "whole_gpu_requests": whole_asked,
+        "whole_gpu_failed": whole_failed,
+        "shares_failed": shares_failed,
+        "whole_gpus_free_at_end": sum(
+            1 for devices in summary_by_node.values() for i in devices.values()
+            if not i["shares"] and not i["exclusive"]
+        ),
+        "gpus_touched_at_end": usage(state)[0],
+    }  # fmt: skip
+
+
 # ---------------------------------------------------------------- packing
 
 
@@ -433,6 +534,7 @@ def main() -> None:
                 "vs_optimum": volume_gpus / best["gpus_touched"] if best["gpus_touched"] else float("nan"),
             })  # fmt: skip
     rows.extend(spread_vs_pack(50 if not args.quick else 10, 0.3, args.seed))
+    rows.extend(churn(50 if not args.quick else 10, 0.65, 3000 if not args.quick else 300, args.seed))
     rows.extend(packing(args.packing_seeds if not args.quick else 2))
     rows.extend(gang_rejections(results[(small, "best-fit")]["state"], f"{small} nodes filled"))
     rows.extend(gang_rejections(results[(large, "best-fit")]["state"], f"{large} nodes"))
