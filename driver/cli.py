@@ -59,6 +59,15 @@ class _TextFormatter(logging.Formatter):
 
 
 def _configure_logging(log_format: str, level: str) -> None:
+    if log_format not in ("text", "json"):  # argparse does not check an environment default
+        raise ConfigError(
+            field="--log-format (FRACTIONAL_LOG_FORMAT)", problem=f"{log_format!r} is not one of text, json"
+        )
+    if not isinstance(logging.getLevelName(level.upper()), int):
+        raise ConfigError(
+            field="--log-level (FRACTIONAL_LOG_LEVEL)",
+            problem=f"{level!r} is not one of debug, info, warning, error, critical",
+        )
     handler = logging.StreamHandler(sys.stderr)
     if log_format == "json":
         handler.setFormatter(_JSONFormatter())
@@ -75,9 +84,15 @@ def _env(flag: str, default: Any) -> Any:
 
 def _env_bool(flag: str, default: bool = False) -> bool:
     raw = os.environ.get(env_name(flag))
-    if raw is None:
+    if raw is None or raw.strip() == "":
         return default
-    return raw.strip().lower() in ("1", "true", "yes", "on")
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    # A typo must not silently turn a switch such as --leader-elect off.
+    raise ConfigError(field=f"{flag} ({env_name(flag)})", problem=f"{raw!r} is not true or false")
 
 
 def _env_int(flag: str, default: int | None) -> int | None:
@@ -88,6 +103,16 @@ def _env_int(flag: str, default: int | None) -> int | None:
         return int(raw)
     except ValueError:
         raise ConfigError(field=f"{flag} ({env_name(flag)})", problem=f"{raw!r} is not an integer") from None
+
+
+def _env_float(flag: str, default: float) -> float:
+    raw = os.environ.get(env_name(flag))
+    if raw is None or raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ConfigError(field=f"{flag} ({env_name(flag)})", problem=f"{raw!r} is not a number") from None
 
 
 def _env_list(flag: str) -> list[str]:
@@ -143,10 +168,8 @@ def _build_parser() -> argparse.ArgumentParser:
         default=_env("--ignored-xids", ",".join(str(x) for x in DEFAULT_IGNORED_XIDS)),
         help="comma-separated XIDs that do not make a GPU unhealthy",
     )
-    p.add_argument(
-        "--health-resend-seconds", type=float, default=float(_env("--health-resend-seconds", 10.0))
-    )
-    p.add_argument("--resync-seconds", type=float, default=float(_env("--resync-seconds", 30.0)))
+    p.add_argument("--health-resend-seconds", type=float, default=_env_float("--health-resend-seconds", 10.0))
+    p.add_argument("--resync-seconds", type=float, default=_env_float("--resync-seconds", 30.0))
     _add_common(p)
 
     p = sub.add_parser("controller", help="run the allocation controller")

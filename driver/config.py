@@ -38,6 +38,11 @@ def _check_choice(flag: str, value: str, choices: tuple[str, ...]) -> None:
         )
 
 
+def _check_positive(flag: str, value: float) -> None:
+    if not value > 0:  # also rejects NaN
+        raise ConfigError(field=f"{flag} ({env_name(flag)})", problem=f"{value} is not a positive number")
+
+
 def _check_port(flag: str, value: int) -> None:
     if not 0 <= value <= 65535:
         raise ConfigError(field=f"{flag} ({env_name(flag)})", problem=f"{value} is outside 0..65535")
@@ -92,6 +97,8 @@ class PluginConfig:
             raise ConfigError(field="--profile (FRACTIONAL_PROFILE)", problem="required with --backend fake")
         if self.max_workers < 2:
             raise ConfigError(field="--max-workers (FRACTIONAL_MAX_WORKERS)", problem="must be at least 2")
+        _check_positive("--health-resend-seconds", self.health_resend_seconds)
+        _check_positive("--resync-seconds", self.resync_seconds)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -118,6 +125,29 @@ class ControllerConfig:
         if self.leader_elect and not self.identity:
             raise ConfigError(
                 field="--identity (FRACTIONAL_IDENTITY)", problem="required with --leader-elect"
+            )
+        # client-go's rules: the leader must give up (renew deadline) before a candidate may take
+        # over (lease duration), and must get several renewal tries within its deadline.
+        for name, value in (
+            ("lease_duration_seconds", self.lease_duration_seconds),
+            ("renew_deadline_seconds", self.renew_deadline_seconds),
+            ("retry_period_seconds", self.retry_period_seconds),
+        ):
+            if not value > 0:
+                raise ConfigError(
+                    field=f"ControllerConfig.{name}", problem=f"{value} is not a positive number"
+                )
+        if not self.renew_deadline_seconds < self.lease_duration_seconds:
+            raise ConfigError(
+                field="ControllerConfig.renew_deadline_seconds",
+                problem=f"{self.renew_deadline_seconds} must be less than lease_duration_seconds "
+                f"({self.lease_duration_seconds})",
+            )
+        if not self.retry_period_seconds < self.renew_deadline_seconds:
+            raise ConfigError(
+                field="ControllerConfig.retry_period_seconds",
+                problem=f"{self.retry_period_seconds} must be less than renew_deadline_seconds "
+                f"({self.renew_deadline_seconds})",
             )
 
 

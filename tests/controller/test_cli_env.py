@@ -1,0 +1,50 @@
+"""Flags' environment twins: a bad value is a configuration error naming the flag, never a traceback."""
+
+from __future__ import annotations
+
+import pytest
+
+from driver.cli import main
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "flag"),
+    [
+        (["plugin", "--node-name", "n"], {"FRACTIONAL_RESYNC_SECONDS": "abc"}, "FRACTIONAL_RESYNC_SECONDS"),
+        (
+            ["plugin", "--node-name", "n"],
+            {"FRACTIONAL_HEALTH_RESEND_SECONDS": "10s"},
+            "--health-resend-seconds",
+        ),
+        (
+            ["plugin", "--node-name", "n", "--profile", "l4-2x"],
+            {"FRACTIONAL_RESYNC_SECONDS": "0"},
+            "--resync-seconds",
+        ),
+        (["controller"], {"FRACTIONAL_LEADER_ELECT": "ture"}, "FRACTIONAL_LEADER_ELECT"),
+        (["controller"], {"FRACTIONAL_LOG_LEVEL": "verbose"}, "--log-level"),
+        (["controller", "--log-level", "loud"], {}, "FRACTIONAL_LOG_LEVEL"),
+        (["controller"], {"FRACTIONAL_LOG_FORMAT": "xml"}, "--log-format"),
+    ],
+)
+def test_bad_values_are_configuration_errors(
+    argv: list[str],
+    env: dict[str, str],
+    flag: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert main(argv) == 2
+    assert flag in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"), [("true", True), ("On", True), ("0", False), ("false", False), ("", False)]
+)
+def test_boolean_twins(raw: str, expected: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    from driver.cli import _build_parser
+
+    monkeypatch.setenv("FRACTIONAL_LEADER_ELECT", raw)
+    assert _build_parser().parse_args(["controller"]).leader_elect is expected
