@@ -92,6 +92,7 @@ class Controller:
         self._worker = threading.Thread(target=self._run_worker, name="allocation-worker", daemon=True)
         self.reconciler: Reconciler | None = None
         self.halted = threading.Event()
+        self.fence = threading.Event()  # set when this replica may no longer write (leadership lost)
 
     # -- lifecycle ------------------------------------------------------------------------------------
 
@@ -210,7 +211,7 @@ class Controller:
         api_client = new_api_client(self._configuration)
         self.reconciler = Reconciler(
             cache=self.cache,
-            writer=ApiWriter(api_client, hook=self._write_hook),
+            writer=ApiWriter(api_client, hook=self._write_hook, fence=self.fence),
             recorder=EventRecorder(api_client, identity=self.identity),
             metrics=self.metrics,
             settings=self.settings,
@@ -238,7 +239,7 @@ class Controller:
                     continue
                 self._process(key)
         except HaltWrites:
-            log.warning("worker halted by a write hook (simulated crash)")
+            log.warning("worker halted before a write (leadership lost, or a test's simulated crash)")
             self.halted.set()
         finally:
             api_client.close()  # type: ignore[no-untyped-call]

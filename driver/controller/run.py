@@ -90,7 +90,11 @@ def run_controller(
         if started is not None:
             started.set()
         while not stop.is_set():
-            if elector is not None and elector.lost.is_set():
+            # The elector notices a missed deadline only after its current round, which can block on
+            # a slow API for longer than the deadline; check the deadline here too, and fence the
+            # writer first so nothing more goes out once a successor may have taken over.
+            if elector is not None and (elector.lost.is_set() or elector.renew_overdue()):
+                controller.fence.set()
                 log.error("leadership lost, stopping", extra={"identity": config.identity})
                 return 1
             if controller.halted.is_set():

@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -31,8 +32,8 @@ MERGE_PATCH = "application/merge-patch+json"
 
 
 class HaltWrites(Exception):
-    """Raised by a write hook (tests): the worker stops on the spot without undoing anything, as if
-    the process had been killed after that write."""
+    """Raised by a write hook (tests), or before a write once leadership is lost: the worker stops on
+    the spot without undoing anything, as if the process had been killed after the last write."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,13 +53,25 @@ def _body(response: Any) -> dict[str, Any]:
 class ApiWriter:
     """Owns the worker thread's ``ApiClient``; every method returns the object as the server stored it."""
 
-    def __init__(self, api_client: client.ApiClient, *, hook: WriteHook | None = None) -> None:
+    def __init__(
+        self,
+        api_client: client.ApiClient,
+        *,
+        hook: WriteHook | None = None,
+        fence: threading.Event | None = None,
+    ) -> None:
         self._resource: Any = client.ResourceV1Api(
             api_client
         )  # Any: we send dicts and read raw JSON (_preload_content=False)
         self._core: Any = client.CoreV1Api(api_client)
         self._hook = hook
+        self._fence = fence
         self.writes = 0
+
+    def _check_fence(self) -> None:
+        """Once the fence is set (leadership lost), no further write may go out, not even an undo."""
+        if self._fence is not None and self._fence.is_set():
+            raise HaltWrites()
 
     def _done(self, action: str, key: str) -> None:
         self.writes += 1
@@ -107,6 +120,7 @@ class ApiWriter:
             return claim
         body = copy.deepcopy(claim)
         body["metadata"]["finalizers"] = [*finalizers, FINALIZER]
+        self._check_fence()
         stored = self._replace_claim(body, "add finalizer to")
         self._done("add-finalizer", object_key(claim))
         return stored
@@ -117,6 +131,7 @@ class ApiWriter:
             return claim
         body = copy.deepcopy(claim)
         body["metadata"]["finalizers"] = [f for f in finalizers if f != FINALIZER]
+        self._check_fence()
         stored = self._replace_claim(body, "remove finalizer from")
         self._done("remove-finalizer", object_key(claim))
         return stored
@@ -124,6 +139,7 @@ class ApiWriter:
     def write_allocation(self, claim: dict[str, Any], allocation: dict[str, Any]) -> dict[str, Any]:
         body = copy.deepcopy(claim)
         body.setdefault("status", {})["allocation"] = allocation
+        self._check_fence()
         stored = self._replace_claim_status(body, "allocate")
         self._done("allocate", object_key(claim))
         return stored
@@ -133,6 +149,7 @@ class ApiWriter:
         status = body.setdefault("status", {})
         status.pop("allocation", None)
         status.pop("devices", None)  # device status entries must match an allocated result
+        self._check_fence()
         stored = self._replace_claim_status(body, "deallocate")
         self._done("deallocate", object_key(claim))
         return stored
@@ -156,6 +173,7 @@ class ApiWriter:
         body = copy.deepcopy(pod)
         body["spec"]["schedulingGates"] = remaining
         meta = pod["metadata"]
+        self._check_fence()
         with api_errors(f"remove scheduling gate from Pod {meta['namespace']}/{meta['name']}"):
             stored = _body(
                 self._core.replace_namespaced_pod(
@@ -172,6 +190,7 @@ class ApiWriter:
     def annotate_pod(self, pod: dict[str, Any], annotations: dict[str, str | None]) -> dict[str, Any]:
         """Merge-patch annotations (None removes one); annotations are ours alone, no version guard."""
         meta = pod["metadata"]
+        self._check_fence()
         with api_errors(f"annotate Pod {meta['namespace']}/{meta['name']}"):
             stored = _body(
                 self._core.patch_namespaced_pod(

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import json
+import threading
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
+import pytest
 from kubernetes import client
 
+from driver.config import ControllerConfig
 from driver.controller.elector import LeaderElector
+from driver.controller.run import run_controller
+from driver.controller.writer import ApiWriter, HaltWrites
+from driver.errors import ConfigError
 from driver.kube.emulator import APIServer
 
 
@@ -55,3 +63,69 @@ def test_one_leader_takeover_only_after_expiry_and_release(api_server: APIServer
     b.release()
     assert a.step() is True
     api_client.close()
+
+
+def test_writer_behind_a_set_fence_sends_nothing(api_server: APIServer) -> None:
+    api_client = client.ApiClient(api_server.configuration())
+    fence = threading.Event()
+    writer = ApiWriter(api_client, fence=fence)
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "c", "namespace": "default"},
+        "spec": {"devices": {"requests": [{"name": "r", "exactly": {"deviceClassName": "x"}}]}},
+    }
+    stored = json.loads(
+        client.ResourceV1Api(api_client)
+        .create_namespaced_resource_claim("default", claim, _preload_content=False)
+        .data
+    )
+    fence.set()
+    api_server.reset_counts()
+    with pytest.raises(HaltWrites):
+        writer.add_finalizer(stored)
+    with pytest.raises(HaltWrites):
+        writer.write_allocation(stored, {"devices": {"results": []}})
+    assert api_server.request_count("update") == 0
+    api_client.close()
+
+
+def test_leader_stops_writing_at_its_renew_deadline_without_waiting_for_the_elector_round(
+    api_server: APIServer, kubeconfig_file: Path
+) -> None:
+    # The elector's next round is 20 s away (as if it were blocked on a slow API); its clock says the
+    # last renewal is older than the renew deadline, so a successor may soon take over.
+    clock = FakeClock()
+    config = ControllerConfig(
+        kubeconfig=str(kubeconfig_file), metrics_port=0, leader_elect=True, identity="a",
+        lease_duration_seconds=30, renew_deadline_seconds=25, retry_period_seconds=20,
+    )  # fmt: skip
+    stop, started, result = threading.Event(), threading.Event(), []
+    thread = threading.Thread(
+        target=lambda: result.append(run_controller(config, stop, clock=clock, started=started)),
+        name="test-controller",
+        daemon=True,
+    )
+    thread.start()
+    try:
+        assert started.wait(20), "never became leader"
+        clock.seconds += 26
+        thread.join(10)
+        assert not thread.is_alive(), "kept running past its renew deadline"
+        assert result == [1]
+    finally:
+        stop.set()
+        thread.join(20)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"renew_deadline_seconds": 15.0}, "renew_deadline_seconds"),
+        ({"retry_period_seconds": 10.0}, "retry_period_seconds"),
+        ({"lease_duration_seconds": 0.0}, "lease_duration_seconds"),
+    ],
+)
+def test_lease_timings_that_allow_two_leaders_are_rejected(overrides: dict[str, float], field: str) -> None:
+    with pytest.raises(ConfigError, match=field):
+        ControllerConfig(**overrides)  # type: ignore[arg-type]
