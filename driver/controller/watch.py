@@ -101,6 +101,14 @@ class Watcher(threading.Thread):
                         "watch failed, retrying", extra={"kind": self.kind.value, "error": str(error)}
                     )
                     self._stop_event.wait(self._backoff_seconds)
+                except (
+                    Exception
+                ):  # a bug (here or in a handler): log it once, back off, re-list, keep watching
+                    if self._stop_event.is_set():
+                        break
+                    log.exception("watch handler failed, re-listing", extra={"kind": self.kind.value})
+                    resource_version = None
+                    self._stop_event.wait(self._backoff_seconds)
         finally:
             api_client.close()  # type: ignore[no-untyped-call]
 
