@@ -77,6 +77,7 @@ class Reconciler:
         with self.cache.lock:
             plan = plan_gang(self.cache, gang)
             decision = None
+            failure: AllocationError | None = None
             unfit = self._unfit.get(gang)
             if plan.action == "allocate" and unfit and unfit.key == (plan.signature, generation):
                 return False  # did not fit, and neither the gang nor the capacity changed since
@@ -84,12 +85,14 @@ class Reconciler:
                 try:
                     decision = decide(self.cache, plan, policy=self.settings.policy)
                 except AllocationError as error:
-                    self._mark_unschedulable(gang, fit=False)
-                    self.metrics.decisions.labels(outcome="error").inc()
-                    if plan.gated:
-                        self.recorder.gang_unschedulable(gang, plan.gated[0], f"cannot allocate: {error}",
-                                                         reason=REASON_FAILED)  # fmt: skip
-                    return False
+                    failure = error
+        if failure is not None:  # the Event is an API call: never made under cache.lock
+            self._mark_unschedulable(gang, fit=False)
+            self.metrics.decisions.labels(outcome="error").inc()
+            if plan.gated:
+                self.recorder.gang_unschedulable(gang, plan.gated[0], f"cannot allocate: {failure}",
+                                                 reason=REASON_FAILED)  # fmt: skip
+            return False
         if plan.action == "idle":
             self._mark_unschedulable(gang, fit=True)
             self.recorder.forget(gang)
