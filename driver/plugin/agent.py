@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from driver.config import PluginConfig
-from driver.errors import ConfigError, FractionalError, NotFoundError, TransientError
+from driver.errors import ConfigError, FractionalError
 from driver.inventory.discover import discover_inventory
 from driver.inventory.model import NodeInventory
 from driver.plugin.cdi import NVIDIA_TOOLKIT_KIND, STANDARD_SPEC_DIRS, find_spec_for_kind
@@ -349,10 +349,12 @@ class NodeAgent:
             publisher.publish(*self._inventory_source())
             self.slices_published.set()
             log.info("resource slices published", extra={"node": self.config.node_name})
-        except (TransientError, NotFoundError) as error:  # the loop below retries with backoff
+        except FractionalError as error:  # transient or refused (403 before RBAC is bound): the loop retries
             log.warning(
                 "first slice publish failed", extra={"node": self.config.node_name, "error": str(error)}
             )
+        except Exception:  # a bug must not end the thread either: logged once, the loop retries
+            log.exception("first slice publish failed unexpectedly", extra={"node": self.config.node_name})
         publisher.run(self.stop_event, self._inventory_source)
 
     def _on_health_change(self, snapshot: Any) -> None:

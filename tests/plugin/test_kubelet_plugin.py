@@ -345,3 +345,26 @@ def test_health_stream(start_agent: StartAgent, node_dirs: NodeDirs, make_kubele
     assert second[1]["message"] == "GPU has fallen off the bus"
     agent.stop()
     assert list(stream) == []  # the stream ends with the agent
+
+
+def test_refused_first_slice_publish_is_retried(
+    start_agent: StartAgent, api_server: Any, kube_configuration: Any
+) -> None:
+    """A 403 on the first publish (RBAC not bound yet at install time) must not end the publisher
+    thread: its loop retries and the slices appear."""
+    from kubernetes import client
+
+    api_server.inject_fault(verb="list", resource="resourceslices", status=403, times=1)
+    start_agent(publish_slices=True)
+    api = client.ResourceV1Api(client.ApiClient(kube_configuration))
+
+    def published() -> list[Any]:
+        response = api.list_resource_slice(field_selector="spec.nodeName=node-a", _preload_content=False)
+        items: list[Any] = json.loads(response.data)["items"]
+        return items
+
+    def retried_and_published() -> bool:  # our own list waits until the agent has met the fault
+        return api_server.request_count(verb="list", resource="resourceslices") >= 2 and bool(published())
+
+    assert wait_for(retried_and_published, timeout=20, what="the slices after a refused first publish")
+    api.api_client.close()
