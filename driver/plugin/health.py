@@ -339,6 +339,9 @@ class HealthMonitor:
             self._file_signature = None
             self._file_faults = {}
             return
+        except OSError as error:  # EACCES, ENOTDIR, ...: like an unreadable file, retried next round
+            log.warning("health file unreadable, kept the last state", extra={"error": str(error)})
+            return
         signature = (stat.st_mtime_ns, stat.st_size, stat.st_ino)
         if signature == self._file_signature:
             return

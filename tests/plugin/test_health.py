@@ -211,6 +211,24 @@ def test_a_broken_health_file_keeps_the_last_state(tmp_path: Path, stop: threadi
     )
 
 
+def test_an_unreachable_health_file_does_not_end_the_monitor(
+    tmp_path: Path, stop: threading.Event, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A stat error other than "missing" (here ENOTDIR) at start must not kill the monitor thread."""
+    parent = tmp_path / "health"
+    parent.write_text("not a directory\n")
+    recorder = Recorder()
+    monitor = start_monitor(stop, recorder, health_file=str(parent / "health.json"))
+    assert wait_for(
+        lambda: any(r.getMessage() == "health file unreadable, kept the last state" for r in caplog.records)
+    )
+    parent.unlink()
+    parent.mkdir()
+    write_json(parent / "health.json", {"gpu-1": {"xid": 79}})
+    assert wait_for(lambda: unhealthy(recorder, "gpu-1", 79))
+    assert monitor.is_running()
+
+
 def test_no_source_means_no_thread() -> None:
     stop = threading.Event()
     monitor = HealthMonitor(make_inventory(), on_change=Recorder(), stop=stop)
