@@ -106,6 +106,18 @@ def _claim_messages(pb: Any, claims: Iterable[Mapping[str, str]]) -> list[Any]:
     return [pb.Claim(namespace=c["namespace"], name=c["name"], uid=c["uid"]) for c in claims]
 
 
+def _check_answer(method: str, requested: Iterable[Any], answered: Iterable[str]) -> None:
+    """What the kubelet enforces on a response (``manager.go``): an entry for a claim it did not
+    ask about is an error, and so is a missing one (the whole call is then retried)."""
+    asked = {claim.uid for claim in requested}
+    unknown = sorted(set(answered) - asked)
+    if unknown:
+        raise FractionalError(f"{method} returned result for unknown claim UID {unknown[0]}")
+    skipped = len(asked - set(answered))
+    if skipped:
+        raise FractionalError(f"{method} skipped {skipped} ResourceClaims")
+
+
 class KubeletSimulator:
     def __init__(self, registry_dir: str | Path, kubelet_version: str = "1.35") -> None:
         _minor(kubelet_version)
@@ -194,11 +206,12 @@ class KubeletSimulator:
     def prepare(
         self, claims: Iterable[Mapping[str, str]], *, timeout: float = CALL_TIMEOUT_SECONDS
     ) -> dict[str, Any]:
-        """NodePrepareResources; ``grpc.RpcError`` when the whole call fails."""
+        """NodePrepareResources; ``grpc.RpcError`` when the whole call fails, ``FractionalError`` when
+        the answer leaves out a requested claim or names one not asked about (the kubelet's checks)."""
         pb, stub = self._service()
-        response = stub.NodePrepareResources(
-            pb.NodePrepareResourcesRequest(claims=_claim_messages(pb, claims)), timeout=timeout
-        )
+        messages = _claim_messages(pb, claims)
+        response = stub.NodePrepareResources(pb.NodePrepareResourcesRequest(claims=messages), timeout=timeout)
+        _check_answer("NodePrepareResources", messages, response.claims)
         return {
             uid: {"error": result.error, "devices": [_device_dict(device) for device in result.devices]}
             for uid, result in response.claims.items()
@@ -208,9 +221,11 @@ class KubeletSimulator:
         self, claims: Iterable[Mapping[str, str]], *, timeout: float = CALL_TIMEOUT_SECONDS
     ) -> dict[str, Any]:
         pb, stub = self._service()
+        messages = _claim_messages(pb, claims)
         response = stub.NodeUnprepareResources(
-            pb.NodeUnprepareResourcesRequest(claims=_claim_messages(pb, claims)), timeout=timeout
+            pb.NodeUnprepareResourcesRequest(claims=messages), timeout=timeout
         )
+        _check_answer("NodeUnprepareResources", messages, response.claims)
         return {uid: {"error": result.error} for uid, result in response.claims.items()}
 
     def watch_health(self, *, timeout: float | None = None) -> Iterator[list[dict[str, Any]]]:

@@ -368,3 +368,55 @@ def test_refused_first_slice_publish_is_retried(
 
     assert wait_for(retried_and_published, timeout=20, what="the slices after a refused first publish")
     api.api_client.close()
+
+
+class _SloppyDRA:
+    """A DRA service that answers for the first claim only, plus one it was not asked about."""
+
+    def NodePrepareResources(self, request: Any, context: Any) -> Any:
+        from driver.plugin.proto_gen import dra_v1_pb2
+
+        answered = {request.claims[0].uid: dra_v1_pb2.NodePrepareResourceResponse()}
+        if len(request.claims) == 1:
+            answered["not-asked"] = dra_v1_pb2.NodePrepareResourceResponse()
+        return dra_v1_pb2.NodePrepareResourcesResponse(claims=answered)
+
+    def NodeUnprepareResources(self, request: Any, context: Any) -> Any:
+        from driver.plugin.proto_gen import dra_v1_pb2
+
+        return dra_v1_pb2.NodeUnprepareResourcesResponse(
+            claims={request.claims[0].uid: dra_v1_pb2.NodeUnprepareResourceResponse()}
+        )
+
+
+def test_simulator_rejects_answers_the_kubelet_rejects(node_dirs: NodeDirs) -> None:
+    """The simulated kubelet, like the real one, fails a call whose answer skips a requested claim
+    or names one it did not ask about (so every test checks that the agent answers for every UID)."""
+    from driver.errors import FractionalError
+    from driver.plugin.proto_gen import dra_v1_pb2_grpc
+    from driver.plugin.registration import RegistrationServicer, RegistrationStatus
+    from driver.plugin.server import build_grpc_server, listen_unix
+
+    dra_socket, reg_socket = node_dirs.registry.parent / "dra.sock", node_dirs.registry / "x-reg.sock"
+    server = build_grpc_server(max_workers=2)
+    dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(_SloppyDRA(), server)  # type: ignore[no-untyped-call]
+    pluginregistration_pb2_grpc.add_RegistrationServicer_to_server(  # type: ignore[no-untyped-call]
+        RegistrationServicer(endpoint=dra_socket, status=RegistrationStatus()), server
+    )
+    listen_unix(server, dra_socket, flag="test")
+    listen_unix(server, reg_socket, flag="test")
+    server.start()
+    kubelet = KubeletSimulator(node_dirs.registry)
+    try:
+        kubelet.register(reg_socket)
+        one, two = ({"namespace": "default", "name": n, "uid": f"uid-{n}"} for n in ("one", "two"))
+        with pytest.raises(FractionalError, match="NodePrepareResources skipped 1 ResourceClaims"):
+            kubelet.prepare([one, two])
+        with pytest.raises(FractionalError, match="returned result for unknown claim UID not-asked"):
+            kubelet.prepare([one])
+        with pytest.raises(FractionalError, match="NodeUnprepareResources skipped 1 ResourceClaims"):
+            kubelet.unprepare([one, two])
+        assert kubelet.unprepare([one]) == {"uid-one": {"error": ""}}
+    finally:
+        kubelet.close()
+        server.stop(0).wait()
