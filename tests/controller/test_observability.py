@@ -87,7 +87,16 @@ def test_provisioning_request_for_an_unfit_gang(
     assert pod_set["count"] == 3
     template = cluster.core.read_namespaced_pod_template(pod_set["podTemplateRef"]["name"], "default")
     assert template.template.spec.resource_claims[0].resource_claim_name == "pr-0"
-    annotations = cluster.pod("pr-1")["metadata"]["annotations"]
+    # The request is created first, then the pods are annotated: wait for the annotation.
+    annotations = wait_for(
+        lambda: (
+            (a := cluster.pod("pr-1")["metadata"].get("annotations") or {}).get(
+                "cluster-autoscaler.kubernetes.io/consume-provisioning-request"
+            )
+            and a
+        ),
+        what="the consume-provisioning-request annotation",
+    )
     assert (
         annotations["cluster-autoscaler.kubernetes.io/consume-provisioning-request"]
         == request["metadata"]["name"]
