@@ -161,15 +161,23 @@ class SlicePublisher:
         """Ask the ``run`` loop to publish now (e.g. a device's health changed)."""
         self._wake.set()
 
-    def run(self, stop: threading.Event, inventory_source: InventorySource) -> None:
+    def run(
+        self,
+        stop: threading.Event,
+        inventory_source: InventorySource,
+        on_published: Callable[[PublishResult], None] | None = None,
+    ) -> None:
         """Publish now, then every ``resync_seconds`` (slices deleted behind our back come back),
-        sooner after ``request_sync()``; failures back off up to ``resync_seconds``. Returns on ``stop``."""
+        sooner after ``request_sync()``; failures back off up to ``resync_seconds``. Returns on ``stop``.
+        ``on_published`` is called after each successful publish (the agent's readiness)."""
         delay = self.retry_seconds
         while not stop.is_set():
             self._wake.clear()
             try:
                 inventory, taints = inventory_source()
-                self.publish(inventory, taints)
+                result = self.publish(inventory, taints)
+                if on_published is not None:
+                    on_published(result)
                 wait = self.resync_seconds
                 delay = self.retry_seconds
             except FractionalError as error:  # transient (connection, 409, 5xx) or refused: back off

@@ -355,7 +355,9 @@ class NodeAgent:
             )
         except Exception:  # a bug must not end the thread either: logged once, the loop retries
             log.exception("first slice publish failed unexpectedly", extra={"node": self.config.node_name})
-        publisher.run(self.stop_event, self._inventory_source)
+        publisher.run(
+            self.stop_event, self._inventory_source, on_published=lambda _: self.slices_published.set()
+        )
 
     def _on_health_change(self, snapshot: Any) -> None:
         HEALTH_CHANGES_TOTAL.inc()

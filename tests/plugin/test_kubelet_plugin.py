@@ -355,7 +355,7 @@ def test_refused_first_slice_publish_is_retried(
     from kubernetes import client
 
     api_server.inject_fault(verb="list", resource="resourceslices", status=403, times=1)
-    start_agent(publish_slices=True)
+    agent = start_agent(publish_slices=True)
     api = client.ResourceV1Api(client.ApiClient(kube_configuration))
 
     def published() -> list[Any]:
@@ -367,6 +367,7 @@ def test_refused_first_slice_publish_is_retried(
         return api_server.request_count(verb="list", resource="resourceslices") >= 2 and bool(published())
 
     assert wait_for(retried_and_published, timeout=20, what="the slices after a refused first publish")
+    assert agent.slices_published.wait(20), "readiness must follow the first publish that succeeds"
     api.api_client.close()
 
 
