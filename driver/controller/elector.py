@@ -182,6 +182,9 @@ class LeaderElector:
             except FractionalError as error:  # 5xx, refused, or rejected: keep trying until the deadline
                 log.warning("lease round failed", extra={"lease": self.name, "error": str(error)})
                 held = False
+            except Exception:  # the loop's one catch-all: a bug must not leave a replica waiting forever
+                log.exception("lease round failed unexpectedly", extra={"lease": self.name})
+                held = False
             if held and not self.leading.is_set():
                 log.info("became leader", extra={"lease": self.name, "identity": self.identity})
                 self.leading.set()

@@ -129,3 +129,33 @@ def test_leader_stops_writing_at_its_renew_deadline_without_waiting_for_the_elec
 def test_lease_timings_that_allow_two_leaders_are_rejected(overrides: dict[str, float], field: str) -> None:
     with pytest.raises(ConfigError, match=field):
         ControllerConfig(**overrides)  # type: ignore[arg-type]
+
+
+def test_an_unexpected_error_in_a_lease_round_does_not_end_the_elector(api_server: APIServer) -> None:
+    """A bug in one round (not a FractionalError) is logged and the next round runs: a replica must
+    never be left waiting forever for a leadership its elector thread stopped trying to get."""
+    api_client = client.ApiClient(api_server.configuration())
+    elector = LeaderElector(
+        api_client=api_client, name="lease", namespace="default", identity="a",
+        lease_duration_seconds=15, renew_deadline_seconds=10, retry_period_seconds=0.01,
+    )  # fmt: skip
+    real_step = elector.step
+    calls = {"n": 0}
+
+    def flaky_step() -> bool:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise KeyError("spec")  # e.g. an unexpected Lease body
+        return real_step()
+
+    elector.step = flaky_step  # type: ignore[method-assign]
+    stop = threading.Event()
+    thread = threading.Thread(target=elector.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        assert elector.leading.wait(10), "the elector gave up after one failed round"
+    finally:
+        stop.set()
+        thread.join(5)
+        api_client.close()
+    assert calls["n"] >= 2
