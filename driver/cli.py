@@ -28,7 +28,7 @@ from driver.config import (
 )
 from driver.errors import ConfigError, FractionalError
 
-__all__ = ["main"]
+__all__ = ["build_controller_config", "build_plugin_config", "main"]
 
 log = logging.getLogger(__name__)
 
@@ -188,7 +188,12 @@ def _build_parser() -> argparse.ArgumentParser:
         "--provisioning-class",
         default=_env("--provisioning-class", "best-effort-atomic-scale-up.autoscaling.x-k8s.io"),
     )
-    p.add_argument("--hint-profile", action="append", default=_env_list("--hint-profile"))
+    p.add_argument(
+        "--hint-profile",
+        action="append",
+        default=None,  # flags replace FRACTIONAL_HINT_PROFILE (comma-separated) rather than add to it
+        help="node profile (file or shipped name) for scale-up hints; repeatable",
+    )
     p.add_argument("--topology-label", default=_env("--topology-label", "topology.kubernetes.io/zone"))
     _add_common(p)
 
@@ -261,10 +266,9 @@ def _parse_xids(raw: str) -> tuple[int, ...]:
         ) from None
 
 
-def _run_plugin(args: argparse.Namespace) -> int:
-    from driver.plugin.agent import run_agent
-
-    config = PluginConfig(
+def build_plugin_config(args: argparse.Namespace) -> PluginConfig:
+    """``fractional plugin``'s flags (and their FRACTIONAL_* twins) as its configuration."""
+    return PluginConfig(
         node_name=args.node_name or "",
         backend=args.backend,
         profile=args.profile,
@@ -286,13 +290,11 @@ def _run_plugin(args: argparse.Namespace) -> int:
         health_resend_seconds=args.health_resend_seconds,
         resync_seconds=args.resync_seconds,
     )
-    return run_agent(config, _stop_event_on_signals())
 
 
-def _run_controller(args: argparse.Namespace) -> int:
-    from driver.controller import run_controller
-
-    config = ControllerConfig(
+def build_controller_config(args: argparse.Namespace) -> ControllerConfig:
+    """``fractional controller``'s flags (and their FRACTIONAL_* twins) as its configuration."""
+    return ControllerConfig(
         kubeconfig=args.kubeconfig,
         policy=args.policy,
         leader_elect=args.leader_elect,
@@ -303,10 +305,21 @@ def _run_controller(args: argparse.Namespace) -> int:
         metrics_host=args.metrics_host,
         provisioning_requests=args.provisioning_requests,
         provisioning_class=args.provisioning_class,
-        hint_profiles=tuple(args.hint_profile),
+        hint_profiles=tuple(args.hint_profile or _env_list("--hint-profile")),
         topology_label=args.topology_label,
     )
-    return run_controller(config, _stop_event_on_signals())
+
+
+def _run_plugin(args: argparse.Namespace) -> int:
+    from driver.plugin.agent import run_agent
+
+    return run_agent(build_plugin_config(args), _stop_event_on_signals())
+
+
+def _run_controller(args: argparse.Namespace) -> int:
+    from driver.controller import run_controller
+
+    return run_controller(build_controller_config(args), _stop_event_on_signals())
 
 
 def _run_plan(args: argparse.Namespace) -> int:

@@ -21,8 +21,7 @@ from chart_support import (
     render_notes,
 )
 
-from driver.cli import _build_parser
-from driver.config import ControllerConfig, PluginConfig
+from driver.cli import _build_parser, build_controller_config, build_plugin_config
 
 PROFILES_DIR = "/etc/fractional-dra/profiles"
 
@@ -186,38 +185,11 @@ def test_environment_is_understood_by_the_cli(values_name: str, monkeypatch: pyt
         assert unknown == [], f"{command}: no such flag twins: {unknown}"
         return parser.parse_args([command])
 
-    args = parse("plugin", pod_env)
-    plugin = PluginConfig(
-        node_name=args.node_name,
-        backend=args.backend,
-        profile=args.profile,
-        sysfs_root=args.sysfs_root,
-        registry_dir=args.registry_dir,
-        plugin_dir=args.plugin_dir,
-        cdi_root=args.cdi_root,
-        sharing=args.sharing,
-        metrics_port=args.metrics_port,
-        pod_uid=args.pod_uid,
-        socket_group=args.socket_group,
-        hami_library=args.hami_library,
-        mps_control=args.mps_control,
-    )
+    plugin = build_plugin_config(parse("plugin", pod_env))
     assert plugin.node_name == "node-a" and plugin.pod_uid == "0d7f9b8e-uid"
     if plugin.backend == "fake":
         assert plugin.profile is not None and plugin.profile.startswith(PROFILES_DIR + "/")
-    args = parse("controller", controller_env)
-    controller = ControllerConfig(
-        policy=args.policy,
-        leader_elect=args.leader_elect,
-        lease_name=args.lease_name,
-        lease_namespace=args.lease_namespace,
-        identity=args.identity,
-        metrics_port=args.metrics_port,
-        provisioning_requests=args.provisioning_requests,
-        provisioning_class=args.provisioning_class,
-        hint_profiles=tuple(args.hint_profile),
-        topology_label=args.topology_label,
-    )
+    controller = build_controller_config(parse("controller", controller_env))
     assert controller.leader_elect is True
     assert controller.lease_namespace == NAMESPACE and controller.identity == downward["metadata.name"]
     configmap = one(objects, "ConfigMap", "-profiles")
