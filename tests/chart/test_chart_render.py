@@ -125,9 +125,13 @@ def test_agent_daemonset_basics(values_name: str) -> None:
     values = load_values(values_name) or {}
     objects = render_chart(values)
     daemonset = one(objects, "DaemonSet", "-agent")
+    mps = (values.get("sharing") or {}).get("backend") == "mps"
     assert daemonset["spec"]["updateStrategy"] == {
         "type": "RollingUpdate",
-        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+        # MPS daemons live in the agent's container: no two agent pods on a node at once.
+        "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}
+        if mps
+        else {"maxSurge": 1, "maxUnavailable": 0},
     }
     pod = daemonset["spec"]["template"]["spec"]
     assert pod["priorityClassName"] == "system-node-critical"
