@@ -436,3 +436,14 @@ def test_notes_name_the_mode() -> None:
     assert "fake devices, profile h100-8x" in render_notes(load_values("fake-values"))
     notes = render_notes(None)
     assert "real GPUs through NVML" in notes and "nvidia.com/gpu" in notes
+
+
+def test_chart_device_classes_select_what_the_code_assumes() -> None:
+    """The demo, `fractional plan` and the scale-up hints use driver.slices.build_device_classes();
+    the chart's classes must select exactly the same devices."""
+    from driver.slices import build_device_classes
+
+    rendered = {o["metadata"]["name"]: o for o in render_chart(None) if o["kind"] == "DeviceClass"}
+    for expected in build_device_classes():
+        name = expected["metadata"]["name"]
+        assert rendered[name]["spec"]["selectors"] == expected["spec"]["selectors"], name
