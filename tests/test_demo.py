@@ -7,6 +7,7 @@ import queue
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -145,3 +146,47 @@ def test_demo_small_scenario_outcome_in_the_api(tmp_path: Path) -> None:
     runtime_dir = Path(kubeconfig).parent
     assert not runtime_dir.exists(), "runtime dir (sockets, CDI files) left behind"
     assert _processes_mentioning(str(runtime_dir)) == []
+
+
+@pytest.mark.timeout(180)
+def test_demo_interrupted_mid_scenario_leaves_nothing_behind(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FRACTIONAL_")}
+    # The demo's runtime directory (sockets, CDI files) goes under TMPDIR; a short path keeps the
+    # unix socket paths under their 108-byte limit.
+    runtime_parent = Path(tempfile.mkdtemp(prefix="fd-", dir="/tmp"))
+    env["TMPDIR"] = str(runtime_parent)
+    command = [sys.executable, "-m", "driver", "demo", "--scenario", "small"]
+    process = subprocess.Popen(
+        [*command, "--output-dir", str(tmp_path / "out")],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+    )  # fmt: skip
+    lines: queue.Queue[str] = queue.Queue()
+    reader = threading.Thread(target=_reader, args=(process.stdout, lines), daemon=True)
+    reader.start()
+    output: list[str] = []
+    runtime_dirs: list[Path] = []
+    deadline = time.monotonic() + 120
+    try:
+        while time.monotonic() < deadline:
+            try:
+                line = lines.get(timeout=1)
+            except queue.Empty:
+                continue
+            output.append(line)
+            if line == "" or "allocation controller started" in line:
+                break
+        assert any("allocation controller started" in line for line in output), "".join(output)
+        runtime_dirs[:] = runtime_parent.glob("fractional-demo-*")
+        assert len(runtime_dirs) == 1 and any(runtime_dirs[0].rglob("*.sock"))
+        process.send_signal(signal.SIGINT)  # Ctrl-C while the scenario runs
+        assert process.wait(timeout=60) == 130
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        reader.join(timeout=10)
+        assert process.stdout is not None
+        process.stdout.close()
+    assert not runtime_dirs[0].exists(), "runtime dir (sockets, CDI files) left behind"
+    assert _processes_mentioning(str(runtime_dirs[0])) == []
+    runtime_parent.rmdir()  # empty: nothing else was left there either
