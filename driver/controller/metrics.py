@@ -1,5 +1,4 @@
-"""Prometheus metrics of the controller, on their own registry, and the small HTTP server that
-serves ``/metrics`` and ``/healthz``.
+"""Prometheus metrics of the controller, on their own registry (served by ``driver.probes``).
 
 A registry per controller (not the client library's global one) lets tests run several
 controllers in one process.
@@ -8,21 +7,17 @@ controllers in one process.
 from __future__ import annotations
 
 import logging
-import threading
-from collections.abc import Callable, Iterable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Iterable
 from typing import Any
 
 from prometheus_client import (
-    CONTENT_TYPE_LATEST,
     CollectorRegistry,
     Counter,
     Gauge,
     Histogram,
-    generate_latest,
 )
 
-__all__ = ["ControllerMetrics", "MetricsServer", "compute_fragmented_bytes"]
+__all__ = ["ControllerMetrics", "compute_fragmented_bytes"]
 
 log = logging.getLogger(__name__)
 
@@ -111,48 +106,3 @@ class ControllerMetrics:
             self.compute_percent.labels(node=node, kind="published").set(compute_total)
             self.compute_percent.labels(node=node, kind="allocated").set(compute_total - compute_free)
         self.fragmented_bytes.set(compute_fragmented_bytes(free_summary, share_sizes))
-
-
-class MetricsServer:
-    """``/metrics`` (Prometheus text) and ``/healthz`` on one small threaded HTTP server."""
-
-    def __init__(
-        self, metrics: ControllerMetrics, *, host: str, port: int, healthy: Callable[[], bool]
-    ) -> None:
-        registry = metrics.registry
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                if self.path.startswith("/metrics"):
-                    body, status, kind = generate_latest(registry), 200, CONTENT_TYPE_LATEST
-                elif self.path.startswith("/healthz"):
-                    ok = healthy()
-                    body, status, kind = (
-                        (b"ok\n" if ok else b"unhealthy\n"),
-                        (200 if ok else 503),
-                        "text/plain",
-                    )
-                else:
-                    body, status, kind = b"not found\n", 404, "text/plain"
-                self.send_response(status)
-                self.send_header("Content-Type", kind)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                return
-
-        self._server = ThreadingHTTPServer((host, port), Handler)
-        self._server.daemon_threads = True
-        self.port = int(self._server.server_address[1])
-        self._thread = threading.Thread(target=self._server.serve_forever, name="metrics-http", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-        log.info("metrics serving", extra={"port": self.port})
-
-    def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5)

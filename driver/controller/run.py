@@ -12,10 +12,11 @@ import threading
 from driver.config import ControllerConfig
 from driver.controller.controller import Controller
 from driver.controller.elector import Clock, LeaderElector
-from driver.controller.metrics import ControllerMetrics, MetricsServer
+from driver.controller.metrics import ControllerMetrics
 from driver.controller.reconcile import ReconcilerSettings
 from driver.controller.writer import WriteHook
 from driver.kube import load_configuration, new_api_client
+from driver.probes import ProbeServer
 
 __all__ = ["run_controller"]
 
@@ -53,7 +54,13 @@ def run_controller(
 
     server = None
     if config.metrics_port:
-        server = MetricsServer(metrics, host=config.metrics_host, port=config.metrics_port, healthy=healthy)
+        server = ProbeServer(
+            host=config.metrics_host,
+            port=config.metrics_port,
+            checks={"/healthz": lambda: (healthy(), "")},
+            registry=metrics.registry,
+            name="metrics-http",
+        )
         server.start()
     elector: LeaderElector | None = None
     elector_thread: threading.Thread | None = None
@@ -114,4 +121,4 @@ def run_controller(
         if elector_api is not None:
             elector_api.close()  # type: ignore[no-untyped-call]
         if server is not None:
-            server.stop()
+            server.close()

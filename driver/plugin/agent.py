@@ -51,7 +51,6 @@ from driver.plugin.devices import PrepareSettings
 from driver.plugin.dra_service import ClaimSource, add_dra_services
 from driver.plugin.health import HealthMonitor, build_health_taints
 from driver.plugin.health_service import HealthStreamer
-from driver.plugin.http import ProbeServer
 from driver.plugin.metrics import HEALTH_CHANGES_TOTAL
 from driver.plugin.proto_gen import (
     dra_health_v1alpha1_pb2_grpc,
@@ -67,6 +66,7 @@ from driver.plugin.sharing.factory import build_sharing_backends
 from driver.plugin.sharing.mps import MpsBackend
 from driver.plugin.state import DeviceState, EffectHook
 from driver.plugin.status import ClaimStatusWriter
+from driver.probes import ProbeServer
 from driver.slices import Taints
 
 if TYPE_CHECKING:
@@ -312,8 +312,7 @@ class NodeAgent:
             self._probe = ProbeServer(
                 host=config.metrics_host,
                 port=config.metrics_port,
-                liveness=self.check_liveness,
-                readiness=self.check_readiness,
+                checks={"/healthz": self.check_liveness, "/readyz": self.check_readiness},
             )
             self._probe.start()
 

@@ -10,7 +10,7 @@ import pytest
 from kubernetes import client
 
 from driver.controller import Controller, ReconcilerSettings
-from driver.controller.metrics import MetricsServer
+from driver.probes import ProbeServer
 from tests.controller.conftest import Cluster, RunningController, gated_pod, gpu_claim, wait_for
 
 
@@ -28,7 +28,12 @@ def test_metrics_and_healthz(cluster: Cluster) -> None:
         settings=ReconcilerSettings(),
         metrics_refresh_seconds=0.05,
     )
-    server = MetricsServer(instance.metrics, host="127.0.0.1", port=0, healthy=instance.healthy)
+    server = ProbeServer(
+        host="127.0.0.1",
+        port=0,
+        checks={"/healthz": lambda: (instance.healthy(), "")},
+        registry=instance.metrics.registry,
+    )
     server.start()
     instance.start()
     try:
@@ -51,7 +56,7 @@ def test_metrics_and_healthz(cluster: Cluster) -> None:
         assert "fractional_controller_gate_to_ungate_seconds_count 1.0" in text
     finally:
         instance.stop()
-        server.stop()
+        server.close()
 
 
 def _podtemplates_served(cluster: Cluster) -> bool:

@@ -1,4 +1,5 @@
-"""The agent's HTTP endpoint: ``/metrics`` (Prometheus), ``/healthz`` (liveness), ``/readyz``.
+"""The HTTP endpoint of the node agent and the controller: ``/metrics`` (Prometheus) and probes
+(``/healthz``, ``/readyz``).
 
 Checks are callables returning ``(ok, detail)``; the server only maps them to 200/503. It runs in
 one named thread; ``close()`` shuts it down.
@@ -8,10 +9,10 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
 
 __all__ = ["Check", "ProbeServer"]
 
@@ -21,23 +22,32 @@ Check = Callable[[], tuple[bool, str]]
 
 
 class ProbeServer:
-    def __init__(self, *, host: str, port: int, liveness: Check, readiness: Check) -> None:
-        checks = {"/healthz": liveness, "/readyz": readiness}
+    def __init__(
+        self,
+        *,
+        host: str,
+        port: int,
+        checks: Mapping[str, Check],
+        registry: CollectorRegistry = REGISTRY,
+        name: str = "probe-http",
+    ) -> None:
+        checks = dict(checks)
+        self._paths = ["/metrics", *checks]
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 path = self.path.split("?", 1)[0]
                 if path == "/metrics":
-                    self._answer(200, generate_latest(REGISTRY), CONTENT_TYPE_LATEST)
+                    self._answer(200, generate_latest(registry), CONTENT_TYPE_LATEST)
                     return
                 check = checks.get(path)
                 if check is None:
                     self._answer(404, b"not found\n", "text/plain")
                     return
                 ok, detail = check()
-                self._answer(
-                    200 if ok else 503, f"{'ok' if ok else 'failed'}: {detail}\n".encode(), "text/plain"
-                )
+                word = "ok" if ok else "failed"
+                text = f"{word}: {detail}\n" if detail else f"{word}\n"
+                self._answer(200 if ok else 503, text.encode(), "text/plain")
 
             def _answer(self, status: int, body: bytes, content_type: str) -> None:
                 self.send_response(status)
@@ -51,7 +61,7 @@ class ProbeServer:
 
         self._server = ThreadingHTTPServer((host, port), Handler)
         self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, name="probe-http", daemon=True)
+        self._thread = threading.Thread(target=self._server.serve_forever, name=name, daemon=True)
 
     @property
     def port(self) -> int:
@@ -59,6 +69,7 @@ class ProbeServer:
 
     def start(self) -> None:
         self._thread.start()
+        log.info("http endpoint serving", extra={"port": self.port, "paths": self._paths})
 
     def close(self) -> None:
         self._server.shutdown()
