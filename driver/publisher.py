@@ -33,7 +33,7 @@ from driver.slices import (
     Taints,
     build_device_chunks,
     build_devices,
-    build_resource_slice,
+    build_pool_slices,
     slice_device_names,
 )
 
@@ -261,17 +261,9 @@ class SlicePublisher:
         surplus = [item for item in current if id(item) not in matched_ids]
 
         def desired_at(generation: int) -> list[Obj]:
-            return [
-                build_resource_slice(
-                    node_name=self.node_name,
-                    devices=chunk,
-                    generation=generation,
-                    slice_count=len(chunks),
-                    driver=self.driver,
-                    node_uid=node_uid,
-                )
-                for chunk in chunks
-            ]
+            return build_pool_slices(
+                chunks, node_name=self.node_name, generation=generation, driver=self.driver, node_uid=node_uid
+            )
 
         generation = current_generation or 1
         desired = desired_at(generation)

@@ -36,6 +36,7 @@ __all__ = [
     "build_devices",
     "build_gpu_device",
     "build_nic_device",
+    "build_pool_slices",
     "build_resource_slice",
     "build_resource_slices",
     "format_binary_quantity",
@@ -222,9 +223,23 @@ def build_resource_slices(
     chunks = build_device_chunks(
         build_devices(inventory, taints=taints), max_devices_per_slice=max_devices_per_slice
     )
+    return build_pool_slices(
+        chunks, node_name=inventory.node_name, generation=generation, driver=driver, node_uid=node_uid
+    )
+
+
+def build_pool_slices(
+    chunks: Sequence[Sequence[dict[str, Any]]],
+    *,
+    node_name: str,
+    generation: int,
+    driver: str = DRIVER_NAME,
+    node_uid: str | None = None,
+) -> list[dict[str, Any]]:
+    """One slice per chunk of devices, all of one pool generation (``resourceSliceCount`` = chunks)."""
     return [
         build_resource_slice(
-            node_name=inventory.node_name,
+            node_name=node_name,
             devices=chunk,
             generation=generation,
             slice_count=len(chunks),
