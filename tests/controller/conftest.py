@@ -20,7 +20,7 @@ from driver.controller.run import run_controller
 from driver.controller.writer import WriteHook
 from driver.inventory.fake import load_profile, resolve_profile
 from driver.kube.emulator import APIServer
-from driver.slices import build_resource_slices
+from driver.slices import build_device_classes, build_resource_slices
 
 NAMESPACE = "default"
 T = 20.0  # generous deadline for polls on a loaded 2-core machine
@@ -35,21 +35,6 @@ def wait_for(predicate: Callable[[], Any], timeout: float = T, what: str = "cond
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.02)
-
-
-def device_classes() -> list[dict[str, Any]]:
-    def device_class(name: str, kind: str) -> dict[str, Any]:
-        expression = (
-            f'device.driver == "fractional.dev" && device.attributes["fractional.dev"].type == "{kind}"'
-        )
-        return {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "DeviceClass",
-            "metadata": {"name": name},
-            "spec": {"selectors": [{"cel": {"expression": expression}}]},
-        }
-
-    return [device_class("gpu.fractional.dev", "gpu"), device_class("nic.fractional.dev", "nic")]
 
 
 def gpu_claim(name: str, *, memory: str | None = "12Gi", compute: int | None = 15, count: int = 1,
@@ -137,7 +122,7 @@ class Cluster:
         self.nodes.append(name)
 
     def add_classes(self) -> None:
-        for device_class in device_classes():
+        for device_class in build_device_classes():
             self.resource.create_device_class(device_class)
 
     def create_claim(self, claim: dict[str, Any]) -> dict[str, Any]:
