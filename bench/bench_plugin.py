@@ -41,9 +41,9 @@ sys.path.insert(0, str(ROOT))
 
 from bench._common import summary, write_result  # noqa: E402
 from driver import DRIVER_NAME  # noqa: E402
+from driver.cluster.emulator import APIServer  # noqa: E402
+from driver.cluster.kubelet import KubeletSimulator  # noqa: E402
 from driver.config import PluginConfig  # noqa: E402
-from driver.kube.emulator import APIServer  # noqa: E402
-from driver.kube.kubelet import KubeletSimulator  # noqa: E402
 from driver.plugin.agent import NodeAgent  # noqa: E402
 from driver.plugin.claims import Claim, ClaimReader, ClaimRef  # noqa: E402
 from driver.plugin.devices import make_claim_ref  # noqa: E402

@@ -330,8 +330,23 @@ def _run_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _require_demo_extra(command: str) -> None:
+    """The embedded cluster and the demo need the ``demo`` extra; the product image leaves it out."""
+    import importlib.util
+
+    extra = ("kubernetes_validate", "matplotlib")
+    missing = [name for name in extra if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ConfigError(
+            field=command,
+            problem=f"needs the demo extra ({', '.join(missing)} not installed): "
+            "pip install 'fractional-dra[demo]'",
+        )
+
+
 def _run_apiserver(args: argparse.Namespace) -> int:
-    from driver.kube.emulator import APIServer
+    _require_demo_extra("apiserver")
+    from driver.cluster.emulator import APIServer
 
     config = ApiServerConfig(port=args.port, write_kubeconfig=args.write_kubeconfig)
     stop = _stop_event_on_signals()
@@ -349,6 +364,7 @@ def _run_apiserver(args: argparse.Namespace) -> int:
 
 
 def _run_demo(args: argparse.Namespace) -> int:
+    _require_demo_extra("demo")
     from driver.demo import run_demo
 
     config = DemoConfig(scenario=args.scenario, keep_running=args.keep_running, output_dir=args.output_dir)

@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from driver.cluster.emulator import APIServer
 from driver.errors import ConflictError
 from driver.inventory.discover import discover_inventory
 from driver.inventory.model import NodeInventory
-from driver.kube.emulator import APIServer
 from driver.publisher import SHARING_OFF_WARNING, SlicePublisher
 
 NODE = "node-1"

@@ -13,10 +13,10 @@ import pytest
 import yaml
 from kubernetes import client
 
+from driver.cluster.emulator import APIServer
 from driver.inventory.discover import discover_inventory
 from driver.inventory.fake import list_profiles
 from driver.inventory.model import GPU, NIC, NodeInventory
-from driver.kube.emulator import APIServer
 from driver.slices import (
     build_resource_slices,
     format_binary_quantity,

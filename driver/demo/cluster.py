@@ -69,7 +69,7 @@ class FakeCluster:
 
     # ---- lifecycle -------------------------------------------------------------------------
     def start_api(self) -> client.Configuration:
-        from driver.kube.emulator import APIServer
+        from driver.cluster.emulator import APIServer
 
         self.api_server = APIServer(host="127.0.0.1", port=0)
         self.api_server.start()
@@ -139,7 +139,7 @@ class FakeCluster:
             self.nodes.append(node)
 
     def register_kubelets(self) -> None:
-        from driver.kube.kubelet import KubeletSimulator
+        from driver.cluster.kubelet import KubeletSimulator
 
         deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS
         for node in self.nodes:

@@ -1,4 +1,4 @@
-"""Kubernetes client helpers and the embedded API emulator (a test double)."""
+"""The small Kubernetes client layer the product runs on (the embedded cluster is `driver.cluster`)."""
 
 from __future__ import annotations
 

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
+from driver.cluster.emulator import APIServer
 from driver.config import ControllerConfig
 from driver.controller.elector import LeaderElector
 from driver.controller.run import run_controller
 from driver.controller.writer import ApiWriter, HaltWrites
 from driver.errors import ConfigError
-from driver.kube.emulator import APIServer
 
 
 class FakeClock:

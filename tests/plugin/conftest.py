@@ -19,10 +19,10 @@ import referencing
 from kubernetes import client
 
 from driver import DRIVER_NAME
+from driver.cluster.kubelet import KubeletSimulator
 from driver.config import PluginConfig
 from driver.inventory.discover import discover_inventory
 from driver.inventory.model import NodeInventory
-from driver.kube.kubelet import KubeletSimulator
 from driver.plugin.agent import NodeAgent
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -14,7 +14,7 @@ from typing import Any
 import grpc
 import pytest
 
-from driver.kube.kubelet import KubeletSimulator
+from driver.cluster.kubelet import KubeletSimulator
 from tests.plugin.conftest import PROFILE, REPO_ROOT, Claims, NodeDirs, new_share_id, result
 
 RUNNER = Path(__file__).resolve().parent / "agent_runner.py"

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
+from driver.cluster.kubelet import KubeletSimulator
 from driver.inventory.model import NodeInventory
-from driver.kube.kubelet import KubeletSimulator
 from driver.plugin.agent import NodeAgent
 from driver.plugin.claims import ClaimRef, ClaimUID
 from driver.plugin.devices import DeviceKind, PreparedDevice

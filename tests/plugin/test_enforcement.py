@@ -20,8 +20,8 @@ from typing import Any
 import grpc
 import pytest
 
+from driver.cluster.kubelet import KubeletSimulator
 from driver.inventory.model import NodeInventory
-from driver.kube.kubelet import KubeletSimulator
 from driver.plugin.agent import NodeAgent, check_toolkit_cdi_spec
 from driver.plugin.cdi import find_spec_for_kind
 from driver.plugin.claims import ClaimRef, ClaimUID, parse_claim

@@ -16,7 +16,7 @@ import pytest
 from kubernetes import client
 
 from driver.allocator import allocate
-from driver.kube.kubelet import KubeletSimulator
+from driver.cluster.kubelet import KubeletSimulator
 from driver.plugin.agent import NodeAgent
 from driver.plugin.health import HEALTH_TAINT_KEY
 from driver.slices import build_device_classes

@@ -18,7 +18,7 @@ import grpc
 import pytest
 from prometheus_client import REGISTRY
 
-from driver.kube.kubelet import KubeletSimulator, RegistrationRefused, choose_service
+from driver.cluster.kubelet import KubeletSimulator, RegistrationRefused, choose_service
 from driver.plugin.agent import NodeAgent
 from driver.plugin.proto_gen import pluginregistration_pb2, pluginregistration_pb2_grpc
 from driver.plugin.registration import SUPPORTED_VERSIONS

@@ -28,17 +28,24 @@ from typing import Any
 import yaml
 from kubernetes import client
 
-from driver.kube.emulator_http import Route, ThreadedHTTPServer
-from driver.kube.emulator_patch import apply_patch
-from driver.kube.emulator_selectors import build_matcher
-from driver.kube.emulator_store import ResourceType, StatusError, Store, Watcher, WatchEvent, conflict_error
-from driver.kube.emulator_strategy import (
+from driver.cluster.emulator_http import Route, ThreadedHTTPServer
+from driver.cluster.emulator_patch import apply_patch
+from driver.cluster.emulator_selectors import build_matcher
+from driver.cluster.emulator_store import (
+    ResourceType,
+    StatusError,
+    Store,
+    Watcher,
+    WatchEvent,
+    conflict_error,
+)
+from driver.cluster.emulator_strategy import (
     build_namespace,
     prepare_create,
     prepare_status_update,
     prepare_update,
 )
-from driver.kube.emulator_validation import ObjectValidator
+from driver.cluster.emulator_validation import ObjectValidator
 
 __all__ = ["APIServer"]
 

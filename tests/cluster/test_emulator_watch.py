@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from kubernetes import client, watch
 
-from driver.kube.emulator import APIServer
-from tests.kube.conftest import slice_body
+from driver.cluster.emulator import APIServer
+from tests.cluster.conftest import slice_body
 
 DEADLINE_SECONDS = 10.0
 
@@ -130,7 +130,7 @@ def test_selector_watch_reports_objects_leaving_as_deleted(
 def test_field_selector_watch_filters_namespaced_claims_across_namespaces(
     resource: client.ResourceV1Api, consumers: list[_Consumer]
 ) -> None:
-    from tests.kube.conftest import claim_body
+    from tests.cluster.conftest import claim_body
 
     start = resource.list_resource_claim_for_all_namespaces().metadata.resource_version
     consumer = _Consumer(

@@ -11,7 +11,7 @@ import re
 from decimal import Decimal
 from typing import Any
 
-from driver.kube.emulator_formats import (
+from driver.cluster.emulator_formats import (
     Causes,
     check_metadata,
     dns_label,
@@ -22,7 +22,7 @@ from driver.kube.emulator_formats import (
     quantity,
     too_many,
 )
-from driver.kube.emulator_store import ResourceType
+from driver.cluster.emulator_store import ResourceType
 
 __all__ = ["check_rules", "drop_disabled_fields"]
 

@@ -9,8 +9,8 @@ import jsonschema
 import pytest
 from referencing import Registry, Resource
 
-from driver.kube.emulator_schema import SCHEMA_VERSION, SchemaViolation, schema_check, schema_document
-from tests.kube.conftest import claim_body, pod_body, slice_body
+from driver.cluster.emulator_schema import SCHEMA_VERSION, SchemaViolation, schema_check, schema_document
+from tests.cluster.conftest import claim_body, pod_body, slice_body
 
 
 def _jsonschema_accepts(schema_file: str, obj: Any) -> bool:

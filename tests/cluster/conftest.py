@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from driver.kube.emulator import APIServer
+from driver.cluster.emulator import APIServer
 
 
 @pytest.fixture

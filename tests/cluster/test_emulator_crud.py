@@ -7,8 +7,8 @@ import json
 import pytest
 from kubernetes import client
 
-from driver.kube.emulator import APIServer
-from tests.kube.conftest import claim_body, pod_body, slice_body
+from driver.cluster.emulator import APIServer
+from tests.cluster.conftest import claim_body, pod_body, slice_body
 
 
 def _status(error: client.ApiException) -> dict:

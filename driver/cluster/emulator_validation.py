@@ -11,9 +11,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from driver.kube.emulator_rules import check_rules, drop_disabled_fields
-from driver.kube.emulator_schema import SCHEMA_VERSION, SchemaViolation, schema_check
-from driver.kube.emulator_store import ResourceType, StatusError
+from driver.cluster.emulator_rules import check_rules, drop_disabled_fields
+from driver.cluster.emulator_schema import SCHEMA_VERSION, SchemaViolation, schema_check
+from driver.cluster.emulator_store import ResourceType, StatusError
 
 __all__ = ["SCHEMA_VERSION", "ObjectValidator", "format_path", "invalid_error", "schema_file"]
 

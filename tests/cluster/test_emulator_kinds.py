@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from kubernetes import client, config
 
-from driver.kube.emulator import APIServer
-from tests.kube.conftest import claim_body, pod_body, slice_body
+from driver.cluster.emulator import APIServer
+from tests.cluster.conftest import claim_body, pod_body, slice_body
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from driver.kube.emulator_store import ResourceType, StatusError, conflict_error, new_timestamp
+from driver.cluster.emulator_store import ResourceType, StatusError, conflict_error, new_timestamp
 
 __all__ = [
     "RESOURCE_TYPES",

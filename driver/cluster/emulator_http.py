@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 
-from driver.kube.emulator_store import ResourceType, StatusError, Watcher, WatchEvent
-from driver.kube.emulator_strategy import RESOURCE_TYPES, find_resource_type
+from driver.cluster.emulator_store import ResourceType, StatusError, Watcher, WatchEvent
+from driver.cluster.emulator_strategy import RESOURCE_TYPES, find_resource_type
 
 __all__ = ["Backend", "Route", "ThreadedHTTPServer", "discovery_document", "parse_route"]
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from kubernetes.utils.quantity import parse_quantity
 
-from driver.kube.emulator_store import ResourceType
+from driver.cluster.emulator_store import ResourceType
 
 __all__ = [
     "Causes",

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from tests.kube.conftest import slice_body
+from tests.cluster.conftest import slice_body
 
 Mutation = Callable[[dict[str, Any]], None]
 

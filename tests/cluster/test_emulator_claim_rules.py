@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from tests.kube.conftest import claim_body
+from tests.cluster.conftest import claim_body
 
 SHARE_ID = "6f9619ff-8b86-d011-b42d-00c04fc964ff"
 

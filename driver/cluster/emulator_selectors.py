@@ -7,7 +7,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from driver.kube.emulator_store import StatusError
+from driver.cluster.emulator_store import StatusError
 
 __all__ = ["build_matcher", "parse_field_selector", "parse_label_selector"]
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from driver.kube.emulator_store import StatusError
+from driver.cluster.emulator_store import StatusError
 
 __all__ = [
     "MERGE_PATCH",
