@@ -285,7 +285,7 @@ def render_slices(slices: Iterable[Mapping[str, Any]], fmt: str) -> str:
 
 
 def _device_order(name: str) -> tuple[str, int, str]:
-    match = _DEVICE_NUMBER.match(name)
+    match = _DEVICE_NUMBER.fullmatch(name)
     return (match.group(1), int(match.group(2)), name) if match else ("~", 0, name)
 
 

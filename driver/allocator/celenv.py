@@ -84,7 +84,7 @@ def quantity_map(value: Number) -> dict[str, str]:
 
 
 def _semver_key(text: str) -> tuple[Any, ...]:
-    match = _SEMVER.match(text)
+    match = _SEMVER.fullmatch(text)
     if match is None:
         raise ValueError(f"{text!r} is not a valid semantic version")
     major, minor, patch, pre, _build = match.groups()
@@ -99,7 +99,7 @@ def _semver_key(text: str) -> tuple[Any, ...]:
 
 
 def semver_map(text: str) -> dict[str, str]:
-    match = _SEMVER.match(text)
+    match = _SEMVER.fullmatch(text)
     if match is None:
         raise ValueError(f"{text!r} is not a valid semantic version")
     base = f"{int(match.group(1))}.{int(match.group(2))}.{int(match.group(3))}"
@@ -148,7 +148,7 @@ def _fn_semver(text: Any, *_normalize: Any) -> dict[str, str]:
 
 
 def _fn_is_semver(text: Any, *_normalize: Any) -> bool:
-    return isinstance(text, str) and _SEMVER.match(text) is not None
+    return isinstance(text, str) and _SEMVER.fullmatch(text) is not None
 
 
 def _arith(sign: int) -> Callable[[Any, Any], dict[str, str]]:
@@ -230,7 +230,7 @@ def compile_selector(expression: str) -> CompiledSelector:
     safe = variables <= {"device"} and functions <= _SAFE_FUNCTIONS
     literals = {a or b for a, b in _STRING_LITERAL.findall(expression)}
     tokens = frozenset(_TOKEN.findall(expression)) | frozenset(literals) if safe else None
-    extra = () if "@in" in functions else tuple(sorted(x for x in literals if _DOMAIN.match(x)))
+    extra = () if "@in" in functions else tuple(sorted(x for x in literals if _DOMAIN.fullmatch(x)))
     compiled = CompiledSelector(expression=expression, program=program, tokens=tokens, extra_domains=extra)
     _COMPILED[expression] = compiled
     return compiled

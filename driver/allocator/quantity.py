@@ -45,7 +45,7 @@ def parse_quantity(text: str) -> Number:
     """Parse a quantity string; raises ValueError quoting the input when it is not one."""
     if not isinstance(text, str):
         raise ValueError(f"quantity {text!r} is not a string")
-    match = _PATTERN.match(text.strip())
+    match = _PATTERN.fullmatch(text.strip())
     if match is None:
         raise ValueError(f"{text!r} is not a valid quantity")
     sign, digits, suffix = match.groups()

@@ -37,7 +37,7 @@ def dns_subdomain(value: Any, max_length: int = 253) -> str | None:
         return "Required value"
     if len(value) > max_length:
         return f"Too long: may not be more than {max_length} bytes"
-    if not _DNS_SUBDOMAIN.match(value):
+    if not _DNS_SUBDOMAIN.fullmatch(value):
         return (
             f"Invalid value: {value!r}: a lowercase RFC 1123 subdomain must consist of lower case "
             "alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character"
@@ -48,7 +48,7 @@ def dns_subdomain(value: Any, max_length: int = 253) -> str | None:
 def dns_label(value: Any) -> str | None:
     if not isinstance(value, str) or not value:
         return "Required value"
-    if len(value) > 63 or not _DNS_LABEL.match(value):
+    if len(value) > 63 or not _DNS_LABEL.fullmatch(value):
         return (
             f"Invalid value: {value!r}: a lowercase RFC 1123 label must consist of lower case alphanumeric "
             "characters or '-', start and end with an alphanumeric character, and be at most 63 characters"
@@ -61,7 +61,7 @@ def qualified_name(value: str) -> str | None:
     domain, _, identifier = value.rpartition("/")
     if domain and dns_subdomain(domain, 63) is not None:
         return f"Invalid value: {value!r}: the domain must be a DNS subdomain of at most 63 characters"
-    if len(identifier) > 32 or not _C_IDENTIFIER.match(identifier):
+    if len(identifier) > 32 or not _C_IDENTIFIER.fullmatch(identifier):
         return f"Invalid value: {value!r}: the name must be a C identifier of at most 32 characters"
     return None
 
@@ -70,7 +70,7 @@ def label_key(value: str) -> str | None:
     prefix, _, name = value.rpartition("/")
     if prefix and dns_subdomain(prefix) is not None:
         return f"Invalid value: {value!r}: prefix part must be a DNS subdomain"
-    if len(name) > 63 or not _LABEL_NAME.match(name):
+    if len(name) > 63 or not _LABEL_NAME.fullmatch(name):
         return (
             f"Invalid value: {value!r}: name part must consist of alphanumeric characters, '-', '_' or '.', "
             "start and end with an alphanumeric character, and be at most 63 characters"
@@ -81,7 +81,7 @@ def label_key(value: str) -> str | None:
 def label_value(value: Any) -> str | None:
     if not isinstance(value, str):
         return "Invalid value: must be a string"
-    if value and (len(value) > 63 or not _LABEL_NAME.match(value)):
+    if value and (len(value) > 63 or not _LABEL_NAME.fullmatch(value)):
         return (
             f"Invalid value: {value!r}: a valid label value must be at most 63 characters of alphanumerics, "
             "'-', '_' or '.', starting and ending with an alphanumeric character"

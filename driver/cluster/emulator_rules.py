@@ -174,7 +174,7 @@ def _check_device(device: Obj, base: str, per_device_nodes: bool, causes: Causes
             )
         version = attribute.get("version")
         if isinstance(version, str) and (
-            len(version) > MAX_ATTRIBUTE_STRING_LENGTH or not _SEMVER.match(version)
+            len(version) > MAX_ATTRIBUTE_STRING_LENGTH or not _SEMVER.fullmatch(version)
         ):
             causes.append((f"{field}.version", f"Invalid value: {version!r}: must be a semantic version"))
     multiple = device.get("allowMultipleAllocations") is True
@@ -338,7 +338,7 @@ def _check_claim_status(status: Obj, old_status: Obj, deleting: bool, causes: Ca
     allocated = set()
     for index, result in enumerate(results):
         share_id = result.get("shareID")
-        if share_id is not None and not _UUID.match(str(share_id)):
+        if share_id is not None and not _UUID.fullmatch(str(share_id)):
             causes.append(
                 (
                     f"status.allocation.devices.results[{index}].shareID",

@@ -33,7 +33,7 @@ _SUPPORTED = frozenset(
 def _newest_strict_dir() -> str:
     versions = []
     for entry in _SCHEMA_ROOT.iterdir():
-        match = _STRICT_DIR.match(entry.name)
+        match = _STRICT_DIR.fullmatch(entry.name)
         if match:
             versions.append((tuple(int(part) for part in match.groups()), entry.name))
     return max(versions)[1]

@@ -38,7 +38,7 @@ def format_path(parts: Any) -> str:
     (list indexes and map keys in brackets)."""
     text, previous = "", None
     for part in parts:
-        if isinstance(part, int) or previous in _MAP_FIELDS or not _IDENTIFIER.match(str(part)):
+        if isinstance(part, int) or previous in _MAP_FIELDS or not _IDENTIFIER.fullmatch(str(part)):
             text += f"[{part}]"
         else:
             text += f".{part}" if text else str(part)

@@ -222,7 +222,7 @@ class _ProfileParser:
         if multiprocessors <= 0:
             raise self.fail(f"must be > 0, found {multiprocessors}", device=where, field="multiprocessors")
         uuid = self.field(entry, "uuid", str, device=where)
-        if not _GPU_UUID.match(uuid):
+        if not _GPU_UUID.fullmatch(uuid):
             raise self.fail(
                 f"{uuid!r} is not a GPU UUID (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx, lower-case hex)",
                 device=where,
@@ -233,7 +233,7 @@ class _ProfileParser:
             raise self.fail(f"must be >= 0, found {minor}", device=where, field="minorNumber")
         numa_node = self.numa_node(entry, where, cpus_by_node)
         domain = self.attribute_string(entry, "nvlinkDomain", where, required=False)
-        if domain is not None and not _DNS_LABELISH.match(domain):
+        if domain is not None and not _DNS_LABELISH.fullmatch(domain):
             raise self.fail(
                 f"{domain!r} must be letters, digits, '-', '_' or '.'", device=where, field="nvlinkDomain"
             )
@@ -259,7 +259,7 @@ class _ProfileParser:
         where = self.device_label("nics", index, entry)
         entry = self.device_mapping(entry, where, _NIC_FIELDS)
         if_name = self.field(entry, "ifName", str, device=where)
-        if not _IF_NAME.match(if_name):
+        if not _IF_NAME.fullmatch(if_name):
             raise self.fail(
                 f"{if_name!r} is not an interface name (1-15 characters)", device=where, field="ifName"
             )
@@ -267,7 +267,7 @@ class _ProfileParser:
         if speed is not None and speed <= 0:
             raise self.fail(f"must be > 0, found {speed}", device=where, field="linkSpeedMbps")
         mac = self.field(entry, "macAddress", str, device=where, default=None)
-        if mac is not None and not _MAC.match(mac.lower()):
+        if mac is not None and not _MAC.fullmatch(mac.lower()):
             raise self.fail(f"{mac!r} is not a MAC address", device=where, field="macAddress")
         numa_node = self.numa_node(entry, where, cpus_by_node)
         return NIC(
@@ -400,7 +400,7 @@ class _ProfileParser:
 
     def pcie_root(self, entry: Mapping[str, Any], where: str) -> str | None:
         value = self.field(entry, "pcieRoot", str, device=where, default=None)
-        if value is not None and not _PCIE_ROOT.match(value):
+        if value is not None and not _PCIE_ROOT.fullmatch(value):
             raise self.fail(f"{value!r} is not a PCIe root (pciDDDD:BB)", device=where, field="pcieRoot")
         return value
 

@@ -117,7 +117,7 @@ def normalize_pci_bus_id(raw: str | bytes) -> str:
     """
     text = raw.decode("ascii", "replace") if isinstance(raw, bytes) else str(raw)
     text = text.strip().rstrip("\x00").lower()
-    match = _PCI_BUS_ID.match(text)
+    match = _PCI_BUS_ID.fullmatch(text)
     if match is None:
         raise ValueError(f"{text!r} is not a PCI bus id (DDDD:BB:DD.F)")
     domain, bus, device, function = match.groups()

@@ -62,7 +62,7 @@ def read_numa_nodes(sysfs_root: str | Path) -> tuple[NUMANode, ...]:
     base = Path(sysfs_root) / "devices" / "system" / "node"
     nodes = []
     for entry in sorted(base.glob("node*")) if base.is_dir() else []:
-        match = _NODE_DIR.match(entry.name)
+        match = _NODE_DIR.fullmatch(entry.name)
         if match is None:
             continue
         nodes.append(NUMANode(id=int(match.group(1)), cpus=_read_cpu_list(entry / "cpulist", entry.name)))
@@ -123,7 +123,7 @@ def _pcie_root(root: Path, device_link: Path) -> str | None:
         parts = resolved.relative_to(devices).parts
     except ValueError:
         parts = resolved.parts  # a tree laid out differently: take the first root-looking component
-    return next((part for part in parts if _PCIE_ROOT.match(part)), None)
+    return next((part for part in parts if _PCIE_ROOT.fullmatch(part)), None)
 
 
 def _bus_id_of(device_link: Path) -> str | None:
@@ -131,7 +131,7 @@ def _bus_id_of(device_link: Path) -> str | None:
     if not device_link.exists():
         return None
     for part in reversed(Path(os.path.realpath(device_link)).parts):
-        if _BDF.match(part):
+        if _BDF.fullmatch(part):
             return part
     return None
 

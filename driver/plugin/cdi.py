@@ -67,7 +67,7 @@ def check_name_part(value: str, *, claim: str, field: str) -> str:
         problem = f"is {len(value)} characters long, more than {MAX_NAME_PART_LENGTH}"
     elif "/" in value or ".." in value:
         problem = f"{value!r} contains '/' or '..'"
-    elif not _NAME_PART.match(value):
+    elif not _NAME_PART.fullmatch(value):
         problem = f"{value!r} has characters outside [A-Za-z0-9_.-] or does not start with one of [A-Za-z0-9]"
     else:
         return value

@@ -151,9 +151,9 @@ class PrepareSettings:
 def make_claim_ref(*, namespace: str, name: str, uid: str) -> ClaimRef:
     """The kubelet's ``{namespace, uid, name}``, checked before it reaches a URL or a file name."""
     key = f"{namespace}/{name}"
-    if not _DNS_LABEL.match(namespace):
+    if not _DNS_LABEL.fullmatch(namespace):
         raise ClaimError(claim=key, field="namespace", problem=f"{namespace!r} is not a DNS label")
-    if len(name) > 253 or not _DNS_SUBDOMAIN.match(name):
+    if len(name) > 253 or not _DNS_SUBDOMAIN.fullmatch(name):
         raise ClaimError(claim=key, field="metadata.name", problem=f"{name!r} is not a DNS subdomain")
     cdi.check_name_part(uid, claim=key, field="metadata.uid")
     return ClaimRef(namespace=namespace, name=name, uid=ClaimUID(uid))

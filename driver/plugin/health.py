@@ -97,7 +97,7 @@ def build_health_taints(snapshot: Mapping[str, DeviceHealth]) -> dict[str, list[
 
 def _label_value(text: str) -> str:
     value = re.sub(r"[^-A-Za-z0-9_.]+", "-", text)[:63].strip("-_.")
-    return value if _LABEL_VALUE.match(value) else "unhealthy"
+    return value if _LABEL_VALUE.fullmatch(value) else "unhealthy"
 
 
 class HealthMonitor:

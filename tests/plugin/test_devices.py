@@ -105,6 +105,9 @@ def test_claim_checks() -> None:
         ("../x", "c", UID, "namespace"),
         ("default", "c", "../../../etc/passwd", "metadata.uid"),
         ("default", "c", "u" * 200, "metadata.uid"),
+        ("default\n", "c", UID, "namespace"),  # "$" would match before a final newline
+        ("default", "c\n", UID, "metadata.name"),
+        ("default", "c", UID + "\n", "metadata.uid"),
     ],
 )
 def test_claim_reference_checks(namespace: str, name: str, uid: str, field: str) -> None:
