@@ -110,8 +110,7 @@ class SlicePublisher:
         self._clients: list[Any] = []  # client.ApiClient (its close() is untyped)
         self._dropped: frozenset[str] = frozenset()
         self._warned: set[str] = set()
-        self._node_uid: str | None = None
-        self._node_uid_resolved = False
+        self._node_missing_warned = False
         self._wake = threading.Event()
 
     # -- public ---------------------------------------------------------------------------------
@@ -350,26 +349,32 @@ class SlicePublisher:
             pass  # already gone: that is what we wanted
 
     def _lookup_node_uid(self) -> str | None:
-        """The Node's UID for ``ownerReferences``, looked up once (a missing Node is remembered)."""
-        with self._lock:
-            if self._node_uid_resolved:
-                return self._node_uid
+        """The Node's UID for ``ownerReferences``, read on every publish (one GET per sync).
+
+        Never cached: a Node deleted and re-created (or an API server that restarted empty) has a
+        new UID, and slices owned by the old one would be garbage-collected, re-created, and
+        collected again. A Node missing now may exist at the next sync: the slices then get
+        their owner. The warning is logged once per disappearance, not on every sync.
+        """
         api_client = self._api().api_client
         try:
             with api_errors(f"get Node {self.node_name}"):
                 node = get_json(
                     api_client, f"/api/v1/nodes/{self.node_name}", what=f"get Node {self.node_name}"
                 )
-            uid: str | None = (node.get("metadata") or {}).get("uid")
         except NotFoundError:
-            log.warning(
-                "node not found; slices are published without an owner reference",
-                extra={"node": self.node_name},
-            )
-            uid = None
+            with self._lock:
+                warn, self._node_missing_warned = not self._node_missing_warned, True
+            if warn:
+                log.warning(
+                    "node not found; slices are published without an owner reference",
+                    extra={"node": self.node_name},
+                )
+            return None
         with self._lock:
-            self._node_uid, self._node_uid_resolved = uid, True
-        return uid
+            self._node_missing_warned = False
+        uid = (node.get("metadata") or {}).get("uid")
+        return str(uid) if uid else None
 
     # -- read-back ------------------------------------------------------------------------------
 

@@ -5,8 +5,8 @@ slices of at most 128 devices (64 when any device carries taints). GPUs are shar
 (``allowMultipleAllocations``) with consumable ``memory`` and ``compute``; NICs with consumable
 ``bandwidth`` whose default is the whole link, so a plain NIC request stays exclusive-like.
 
-The publisher that writes these to the API lives in ``driver.publisher`` (also reachable here
-as ``driver.slices.SlicePublisher``).
+This module knows nothing of the API: ``driver.publisher`` writes what it builds (and imports it,
+never the other way round).
 """
 
 from __future__ import annotations
@@ -14,23 +14,18 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import yaml
 
 from driver import DRIVER_NAME
 from driver.inventory.model import GPU, NIC, NodeInventory
 
-if TYPE_CHECKING:
-    from driver.publisher import PublishResult, SlicePublisher
-
 __all__ = [
     "API_VERSION",
     "MAX_DEVICES_PER_SLICE",
     "MAX_DEVICES_PER_SLICE_WITH_TAINTS",
     "SHARE_STEP_BYTES",
-    "PublishResult",
-    "SlicePublisher",
     "build_device_chunks",
     "build_device_classes",
     "build_devices",
@@ -315,12 +310,3 @@ def _build_taint(taint: Mapping[str, Any], device: str) -> dict[str, Any]:
     if taint.get("timeAdded"):
         built["timeAdded"] = str(taint["timeAdded"])
     return built
-
-
-def __getattr__(name: str) -> Any:
-    # The publisher does I/O and imports this module, so it lives apart and is re-exported lazily.
-    if name in ("SlicePublisher", "PublishResult"):
-        from driver import publisher
-
-        return getattr(publisher, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

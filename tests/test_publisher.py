@@ -111,7 +111,8 @@ def test_noop_republish_writes_nothing(
         assert (result.writes, result.unchanged, result.generation) == (0, 1, 1)
     assert writes(api_server) == 0
     assert api_server.request_count("list", "resourceslices") == 3
-    assert api_server.request_count("get", "nodes") == 0  # the Node UID is looked up once
+    # The Node is read on every sync (its UID may change), one GET each.
+    assert api_server.request_count("get", "nodes") == 3
 
 
 def test_missing_node_publishes_without_owner(
@@ -125,6 +126,42 @@ def test_missing_node_publishes_without_owner(
     assert [r.getMessage() for r in caplog.records].count(
         "node not found; slices are published without an owner reference"
     ) == 1
+
+
+def test_node_recreated_gets_the_new_owner_uid(
+    kube_configuration: client.Configuration, publisher: SlicePublisher, api: client.ResourceV1Api
+) -> None:
+    first_uid = create_node(kube_configuration)
+    publisher.publish(h100())
+    with client.ApiClient(kube_configuration) as api_client:
+        client.CoreV1Api(api_client).delete_node(NODE, _request_timeout=10)
+    second_uid = create_node(kube_configuration)
+    assert second_uid != first_uid
+    result = publisher.publish(h100())
+    assert (result.updated, result.created, result.generation) == (1, 0, 1)
+    (published,) = slices(api)
+    assert [owner.uid for owner in published.metadata.owner_references] == [second_uid]
+
+
+def test_node_missing_at_first_gets_its_owner_once_it_exists(
+    kube_configuration: client.Configuration,
+    publisher: SlicePublisher,
+    api: client.ResourceV1Api,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="driver.publisher"):
+        publisher.publish(h100())
+        uid = create_node(kube_configuration)
+        publisher.publish(h100())
+        with client.ApiClient(kube_configuration) as api_client:
+            client.CoreV1Api(api_client).delete_node(NODE, _request_timeout=10)
+        publisher.publish(h100())
+    (published,) = slices(api)
+    assert [owner.uid for owner in published.metadata.owner_references] == [uid]
+    # Logged once per disappearance: at the start, and again after the delete.
+    assert [r.getMessage() for r in caplog.records].count(
+        "node not found; slices are published without an owner reference"
+    ) == 2
 
 
 def test_slice_deleted_behind_our_back_is_recreated(

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
@@ -271,3 +274,15 @@ def test_emulator_with_sharing_off_keeps_exclusive_devices() -> None:
         created = client.ResourceV1Api(api_client).create_resource_slice(body=item, _request_timeout=10)
     assert created.spec.devices[0].allow_multiple_allocations is None
     assert created.spec.devices[0].capacity["memory"].request_policy is None
+
+
+def test_the_pure_builder_does_not_know_the_publisher() -> None:
+    """``driver.slices`` is pure: importing it loads neither the publisher nor the API client."""
+    code = (
+        "import sys, driver.slices as s; "
+        "assert 'driver.publisher' not in sys.modules, 'publisher imported'; "
+        "assert 'kubernetes' not in sys.modules, 'kubernetes imported'; "
+        "assert not hasattr(s, 'SlicePublisher')"
+    )
+    root = Path(__file__).resolve().parent.parent
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=root, timeout=60)
