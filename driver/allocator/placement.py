@@ -24,10 +24,10 @@ from driver.allocator.model import Claim, parse_claim
 from driver.allocator.quantity import Number
 from driver.allocator.results import render_allocation
 from driver.allocator.search import BudgetExceeded, NodeSearch, Solution, distinct_slots
-from driver.allocator.state import ClusterState, LedgerEntry
+from driver.allocator.state import ClusterData, LedgerEntry
 from driver.errors import AllocationError
 
-__all__ = ["place"]
+__all__ = ["Placed", "hold_solutions", "ledger_of", "parse_claims", "pod_groups_of", "render_placed", "solve"]
 
 BEST_FIT_BUDGET = 20_000
 SINGLE_NODE_GANG_BUDGET = 2_000  # a non-final attempt: the gang is placed pod by pod next
@@ -41,7 +41,7 @@ class _InvalidPools(Exception):
 
 
 def search_node(
-    state: ClusterState, node: str, claims: Sequence[Claim], best_fit: bool, *, exhaustive: bool = True
+    state: ClusterData, node: str, claims: Sequence[Claim], best_fit: bool, *, exhaustive: bool = True
 ) -> Solution | None:
     """``exhaustive=False``: best-fit's bounded search only, no first-fit fallback. For attempts whose
     failure is not final (a gang tried on one node before it is placed pod by pod): proving that
@@ -75,40 +75,76 @@ def search_node(
     return solution
 
 
-def place(
-    state: ClusterState,
-    raw_claims: Sequence[Mapping[str, Any]],
-    *,
-    node: str | None,
-    policy: str,
-    pod_groups: Sequence[Sequence[int]] | None,
-    exclude_nodes: frozenset[str] | set[str],
-    rng: random.Random | None,
-) -> list[dict[str, Any]] | None:
+Placed = list[tuple[str, Solution]]  # per pod group: (node, solution of its claims)
+
+
+def parse_claims(state: ClusterData, raw_claims: Sequence[Mapping[str, Any]], policy: str) -> list[Claim]:
     if policy not in ("best-fit", "first-fit"):
         raise AllocationError(f"policy: unknown policy {policy!r} (expected best-fit or first-fit)")
     state.refresh()
-    claims = [parse_claim(raw, state.classes) for raw in raw_claims]
-    if not claims:
-        return []
-    best_fit = policy == "best-fit"
+    return [parse_claim(raw, state.classes) for raw in raw_claims]
+
+
+def solve(
+    state: ClusterData,
+    claims: Sequence[Claim],
+    *,
+    node: str | None,
+    best_fit: bool,
+    groups: Sequence[tuple[int, ...]],
+    exclude_nodes: frozenset[str] | set[str],
+) -> Placed | None:
+    """Where ``claims`` go (all or none), without rendering; holds nothing when it returns.
+
+    Node mode (``node`` set): one pod group of every claim on that node. Cluster mode: one entry per
+    pod group of ``groups`` (see ``pod_groups``), each on one node.
+    """
     if node is not None:
         try:
             solution = search_node(state, node, claims, best_fit)
         except _InvalidPools:
             raise AllocationError(f"node {node}: invalid resource pools were encountered") from None
-        if solution is None:
-            return None
-        return [render_allocation(c, e, node, rng) for c, e in zip(claims, solution.entries, strict=True)]
-    groups = _groups(pod_groups, len(claims))
-    placed = _Gang(state, claims, groups, best_fit, exclude_nodes).place()
-    if placed is None:
-        return None
+        return None if solution is None else [(node, solution)]
+    return _Gang(state, claims, groups, best_fit, exclude_nodes).place()
+
+
+def render_placed(
+    claims: Sequence[Claim], groups: Sequence[tuple[int, ...]], placed: Placed, rng: random.Random | None
+) -> list[dict[str, Any]]:
+    """``status.allocation`` dicts, one per claim in order."""
     allocations: list[dict[str, Any] | None] = [None] * len(claims)
     for group, (chosen, solution) in zip(groups, placed, strict=True):
         for claim_index, entries in zip(group, solution.entries, strict=True):
             allocations[claim_index] = render_allocation(claims[claim_index], entries, chosen, rng)
     return [a for a in allocations if a is not None]
+
+
+def ledger_of(solution: Solution) -> tuple[LedgerEntry, ...]:
+    """What ``solution`` would hold in the ledger (admin results hold nothing, as upstream)."""
+    entries = []
+    for claim_entries in solution.entries:
+        for entry in claim_entries:
+            if entry.request.admin:
+                continue
+            device = entry.candidate.device
+            consumed = tuple(entry.consumed.items()) if entry.consumed is not None else ()
+            entries.append(LedgerEntry(device.id, device.allow_multiple, consumed))
+    return tuple(entries)
+
+
+def hold_solutions(state: ClusterData, placed: Placed) -> list[str]:
+    """Hold every solution of ``placed`` in ``state``; the uids to ``release``."""
+    return [state.hold(ledger_of(solution)) for _, solution in placed]
+
+
+def pod_groups_of(
+    pod_groups: Sequence[Sequence[int]] | None, count: int, node: str | None
+) -> list[tuple[int, ...]]:
+    """The pod groups placement works on: node mode has one (every claim), cluster mode ``pod_groups``
+    with every claim not listed as a group of its own."""
+    if node is not None:
+        return [tuple(range(count))]
+    return _groups(pod_groups, count)
 
 
 def _groups(pod_groups: Sequence[Sequence[int]] | None, count: int) -> list[tuple[int, ...]]:
@@ -126,7 +162,7 @@ def _groups(pod_groups: Sequence[Sequence[int]] | None, count: int) -> list[tupl
     return groups
 
 
-def _indexed_demand(claims: Sequence[Claim], state: ClusterState) -> tuple[str, Number, Number] | None:
+def _indexed_demand(claims: Sequence[Claim], state: ClusterData) -> tuple[str, Number, Number] | None:
     """(capacity key, a device size some device must offer, smallest total) when every request asks for one
     indexed key. Both numbers are lower bounds: for a firstAvailable request the smallest alternative counts.
     """
@@ -161,7 +197,7 @@ def _indexed_demand(claims: Sequence[Claim], state: ClusterState) -> tuple[str, 
 class _Gang:
     def __init__(
         self,
-        state: ClusterState,
+        state: ClusterData,
         claims: Sequence[Claim],
         groups: Sequence[tuple[int, ...]],
         best_fit: bool,
@@ -216,20 +252,10 @@ class _Gang:
             return [chosen[g] for g in range(len(self.groups))]
         finally:
             for uid in self.tentative:
-                state.remove_claim(uid)
+                state.release(uid)
 
     def _hold(self, solution: Solution) -> None:
-        entries = []
-        for claim_entries in solution.entries:
-            for entry in claim_entries:
-                if entry.request.admin:
-                    continue
-                device = entry.candidate.device
-                consumed = tuple(entry.consumed.items()) if entry.consumed is not None else ()
-                entries.append(LedgerEntry(device.id, device.allow_multiple, consumed))
-        uid = f"\x00gang-{len(self.tentative)}"
-        self.tentative.append(uid)
-        self.state._apply(uid, tuple(entries))
+        self.tentative.append(self.state.hold(ledger_of(solution)))
 
     def _demand(self, group: Sequence[int]) -> tuple[str, Number, Number] | None:
         return _indexed_demand([self.claims[i] for i in group], self.state)

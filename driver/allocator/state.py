@@ -1,4 +1,7 @@
-"""ClusterState: incremental indexes of slices, classes, nodes and allocated claims.
+"""ClusterData: incremental indexes of slices, classes, nodes and allocated claims.
+
+The data half of the public ``ClusterState`` (``driver.allocator.cluster`` adds allocation on top, so
+this module never imports placement: data below, decisions above).
 
 Updates touch only what they change: a slice marks the nodes of its pool dirty (all nodes for a slice
 without ``nodeName``), and a dirty node's pool view and index entries are rebuilt on the next
@@ -8,8 +11,7 @@ version of their nodes (which invalidates cached "does not fit" answers for thos
 
 from __future__ import annotations
 
-import random
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +20,7 @@ from driver.allocator.model import Device, DeviceID, Slice, parse_slice
 from driver.allocator.pools import Candidate, PoolView, gather_pools
 from driver.allocator.quantity import Number, parse_quantity
 
-__all__ = ["ClusterState", "LedgerEntry", "NodeView"]
+__all__ = ["ClusterData", "LedgerEntry", "NodeView", "ledger_entries"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,8 +58,8 @@ def ledger_entries(claim: Mapping[str, Any]) -> tuple[LedgerEntry, ...]:
     return tuple(entries)
 
 
-class ClusterState:
-    """The allocator's view of the cluster; see ``driver.allocator`` for the public API."""
+class ClusterData:
+    """The allocator's view of the cluster; ``driver.allocator.ClusterState`` adds allocation to it."""
 
     def __init__(self, topology_label: str = "topology.kubernetes.io/zone") -> None:
         self.topology_label = topology_label
@@ -86,6 +88,8 @@ class ClusterState:
         self.total_free: Number = 0
         self._node_list: list[str] | None = None
         self._max_candidates: int | None = None
+        self._holds = 0
+        self._scale: dict[str, float] | None = None
 
     # ------------------------------------------------------------ slices, classes, nodes
 
@@ -135,6 +139,7 @@ class ClusterState:
 
     def _touch_pool(self, key: tuple[str, str]) -> None:
         self._node_list = None
+        self._scale = None
         self._counter_cache.pop(key, None)
         if self._pool_global.get(key):
             self._all_dirty = True
@@ -358,27 +363,29 @@ class ClusterState:
 
     # ------------------------------------------------------------ allocation and summaries
 
-    def allocate(
-        self,
-        claims: Sequence[Mapping[str, Any]],
-        *,
-        node: str | None = None,
-        policy: str = "best-fit",
-        pod_groups: Sequence[Sequence[int]] | None = None,
-        exclude_nodes: frozenset[str] | set[str] = frozenset(),
-        rng: random.Random | None = None,
-    ) -> list[dict[str, Any]] | None:
-        from driver.allocator.placement import place  # placement imports this module
+    def capacity_scale(self) -> dict[str, float]:
+        """Per capacity key, the largest value any device publishes (to normalise demands)."""
+        if self._scale is None:
+            scale: dict[str, float] = {}
+            for slice_ in self._slices.values():
+                for device in slice_.devices:
+                    for key, spec in device.capacity.items():
+                        value = float(spec.value)
+                        if value > scale.get(key, 0.0):
+                            scale[key] = value
+            self._scale = scale
+        return self._scale
 
-        return place(
-            self,
-            claims,
-            node=node,
-            policy=policy,
-            pod_groups=pod_groups,
-            exclude_nodes=exclude_nodes,
-            rng=rng,
-        )
+    def hold(self, entries: tuple[LedgerEntry, ...]) -> str:
+        """Count ``entries`` as allocated under a fresh private uid (a tentative hold); see ``release``."""
+        self._holds += 1
+        uid = f"\x00hold-{self._holds}"
+        self._apply(uid, entries)
+        return uid
+
+    def release(self, uid: str) -> None:
+        """Undo a ``hold``."""
+        self.remove_claim(uid)
 
     def free_summary(self) -> dict[str, dict[str, dict[str, Any]]]:
         """Per node and device: free and total of each capacity (memory as memory_bytes_*)."""

@@ -1,0 +1,190 @@
+"""Bursts: many independent groups placed together (DESIGN.md section 4, ``allocate_many``).
+
+A group is one pod's claims or a whole gang; each is all-or-nothing on its own, and a group that does
+not fit never stops the others. Groups are placed largest first by their normalised demand (each
+requested capacity divided by the largest device's value of it; a request without capacities asks
+for a whole device), each tentatively held so the next sees it, and everything is released before
+returning: ``allocate_many`` holds nothing, like ``allocate``.
+
+A few orders are tried and the pass that places the most groups, then the most demand, then opens
+the fewest devices is kept: largest first by the largest normalised dimension of a group, and with
+best-fit also by the sum of its dimensions and by each dimension alone; last, the input (arrival)
+order, so a batch never places fewer groups than deciding them one by one would. Vector bin packing
+has no single best order; a handful of passes is cheap next to what a badly packed GPU costs.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from driver.allocator.model import Claim
+from driver.allocator.placement import (
+    Placed,
+    hold_solutions,
+    parse_claims,
+    pod_groups_of,
+    render_placed,
+    solve,
+)
+from driver.allocator.state import ClusterData
+from driver.errors import AllocationError
+
+__all__ = ["GroupAllocationError", "demand_of", "place_many"]
+
+PORTFOLIO_MAX_GROUPS = 400  # above this, one largest-first pass (each pass costs one allocation per group)
+WHOLE_DEVICE = 1.0
+ALL_MODE_DEMAND = 1e9  # "every matching device": placed first
+
+
+class GroupAllocationError(AllocationError):
+    """A fatal allocation error (upstream's sense) in one group of a batch; ``group`` is its index."""
+
+    def __init__(self, *, group: int, cause: AllocationError) -> None:
+        super().__init__(f"group {group}: {cause}")
+        self.group = group
+        self.cause = cause
+
+
+@dataclass(frozen=True, slots=True)
+class _Group:
+    index: int
+    claims: tuple[Claim, ...]
+    pods: tuple[tuple[int, ...], ...]
+    exclude: frozenset[str] | set[str]
+    demand: dict[str, float]  # capacity key (or "" for whole devices) -> normalised demand
+
+
+def demand_of(claims: Sequence[Claim], scale: Mapping[str, float]) -> dict[str, float]:
+    """Normalised demand of ``claims``: per capacity key, requested / the largest device value of it,
+    summed over requests (their first alternative: the one the search tries first). A request without
+    capacities counts one whole device in every dimension ("" stands for all of them)."""
+    demand: dict[str, float] = {}
+    for claim in claims:
+        for slot in claim.slots:
+            request = slot.alternatives[0]
+            if request.all_mode:
+                demand[""] = demand.get("", 0.0) + ALL_MODE_DEMAND
+                continue
+            if not request.capacity:
+                demand[""] = demand.get("", 0.0) + WHOLE_DEVICE * request.count
+                continue
+            for key, value in request.capacity:
+                largest = scale.get(key)
+                if largest:
+                    demand[key] = demand.get(key, 0.0) + float(value) / largest * request.count
+    return demand
+
+
+def _size(demand: Mapping[str, float], key: str | None) -> float:
+    whole = demand.get("", 0.0)
+    if key is None:
+        return whole + max((v for k, v in demand.items() if k), default=0.0)
+    if key == "+":
+        return whole * max(1, len(demand) - 1) + sum(v for k, v in demand.items() if k)
+    return whole + demand.get(key, 0.0)
+
+
+def _orders(groups: Sequence[_Group], best_fit: bool) -> list[list[int]]:
+    """Largest first by the largest dimension, (best-fit) by the sum and by each dimension; then the
+    input order."""
+    keys: list[str | None] = [None]
+    if best_fit and len(groups) <= PORTFOLIO_MAX_GROUPS:
+        dimensions = sorted({k for g in groups for k in g.demand if k})
+        if len(dimensions) > 1:
+            keys += ["+", *dimensions]
+    orders: list[list[int]] = []
+    for key in keys:
+        order = sorted(range(len(groups)), key=lambda i: -_size(groups[i].demand, key))  # stable
+        if order not in orders:
+            orders.append(order)
+    arrival = list(range(len(groups)))
+    if len(groups) <= PORTFOLIO_MAX_GROUPS and arrival not in orders:
+        orders.append(arrival)
+    return orders
+
+
+def _one_pass(
+    state: ClusterData, groups: Sequence[_Group], order: Sequence[int], node: str | None, best_fit: bool
+) -> dict[int, Placed]:
+    held: list[str] = []
+    placed: dict[int, Placed] = {}
+    try:
+        for position in order:
+            group = groups[position]
+            if not group.claims:
+                placed[position] = []
+                continue
+            try:
+                result = solve(
+                    state, group.claims, node=node, best_fit=best_fit, groups=group.pods,
+                    exclude_nodes=group.exclude,
+                )  # fmt: skip
+            except AllocationError as error:
+                raise GroupAllocationError(group=group.index, cause=error) from error
+            if result is None:
+                continue
+            placed[position] = result
+            held.extend(hold_solutions(state, result))
+    finally:
+        for uid in held:
+            state.release(uid)
+    return placed
+
+
+def _quality(state: ClusterData, groups: Sequence[_Group], placed: Mapping[int, Placed]) -> tuple[Any, ...]:
+    """Lower is better: most groups placed, most demand placed, fewest devices newly opened."""
+    demand = sum(_size(groups[i].demand, None) for i in placed)
+    opened = set()
+    for result in placed.values():
+        for _, solution in result:
+            for claim_entries in solution.entries:
+                for entry in claim_entries:
+                    device_id = entry.candidate.device.id
+                    if not (state.share_count(device_id) or state.exclusive_in_use(device_id)):
+                        opened.add(device_id)
+    return (-len(placed), -round(demand, 9), len(opened))
+
+
+def place_many(
+    state: ClusterData,
+    raw_groups: Sequence[Sequence[Mapping[str, Any]]],
+    *,
+    node: str | None,
+    policy: str,
+    pod_groups: Sequence[Sequence[Sequence[int]] | None] | None,
+    exclude_nodes: frozenset[str] | set[str] | Sequence[frozenset[str] | set[str]],
+    rng: random.Random | None,
+) -> list[list[dict[str, Any]] | None]:
+    """One entry per group in input order: its allocations (one per claim), or None when it does not fit."""
+    if pod_groups is not None and len(pod_groups) != len(raw_groups):
+        raise AllocationError(f"pod_groups: {len(pod_groups)} entries for {len(raw_groups)} groups")
+    if not isinstance(exclude_nodes, (set, frozenset)) and len(exclude_nodes) != len(raw_groups):
+        raise AllocationError(f"exclude_nodes: {len(exclude_nodes)} entries for {len(raw_groups)} groups")
+    best_fit = policy == "best-fit"
+    scale = state.capacity_scale()
+    groups: list[_Group] = []
+    for index, raw_claims in enumerate(raw_groups):
+        try:
+            claims = tuple(parse_claims(state, raw_claims, policy))
+            pods = tuple(pod_groups_of(pod_groups[index] if pod_groups else None, len(claims), node))
+        except AllocationError as error:
+            raise GroupAllocationError(group=index, cause=error) from error
+        exclude = exclude_nodes if isinstance(exclude_nodes, (set, frozenset)) else exclude_nodes[index]
+        groups.append(_Group(index, claims, pods, exclude, demand_of(claims, scale)))
+    if not groups:
+        return []
+    best: tuple[tuple[Any, ...], dict[int, Placed]] | None = None
+    for order in _orders(groups, best_fit):
+        placed = _one_pass(state, groups, order, node, best_fit)
+        quality = _quality(state, groups, placed)
+        if best is None or quality < best[0]:
+            best = (quality, placed)
+    assert best is not None
+    results: list[list[dict[str, Any]] | None] = []
+    for position, group in enumerate(groups):
+        result = best[1].get(position)
+        results.append(None if result is None else render_placed(group.claims, group.pods, result, rng))
+    return results

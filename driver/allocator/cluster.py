@@ -1,0 +1,63 @@
+"""ClusterState: the allocator's incremental cluster data (``state``) with its two entry points.
+
+``allocate`` places one set of claims (a gang: all or none); ``allocate_many`` places many independent
+groups at once (``batch``). Data lives below in ``state``; the decisions above it in ``placement`` and
+``batch`` import the data, never the reverse.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from driver.allocator.batch import place_many
+from driver.allocator.placement import parse_claims, pod_groups_of, render_placed, solve
+from driver.allocator.state import ClusterData
+
+__all__ = ["ClusterState"]
+
+
+class ClusterState(ClusterData):
+    """The allocator's view of the cluster, updated incrementally; see ``driver.allocator``."""
+
+    def allocate(
+        self,
+        claims: Sequence[Mapping[str, Any]],
+        *,
+        node: str | None = None,
+        policy: str = "best-fit",
+        pod_groups: Sequence[Sequence[int]] | None = None,
+        exclude_nodes: frozenset[str] | set[str] = frozenset(),
+        rng: random.Random | None = None,
+    ) -> list[dict[str, Any]] | None:
+        """One ``status.allocation`` per claim in order, or None when they cannot all be allocated."""
+        parsed = parse_claims(self, claims, policy)
+        if not parsed:
+            return []
+        groups = pod_groups_of(pod_groups, len(parsed), node)
+        placed = solve(
+            self, parsed, node=node, best_fit=policy == "best-fit", groups=groups, exclude_nodes=exclude_nodes
+        )
+        return None if placed is None else render_placed(parsed, groups, placed, rng)
+
+    def allocate_many(
+        self,
+        groups: Sequence[Sequence[Mapping[str, Any]]],
+        *,
+        node: str | None = None,
+        policy: str = "best-fit",
+        pod_groups: Sequence[Sequence[Sequence[int]] | None] | None = None,
+        exclude_nodes: frozenset[str] | set[str] | Sequence[frozenset[str] | set[str]] = frozenset(),
+        rng: random.Random | None = None,
+    ) -> list[list[dict[str, Any]] | None]:
+        """One entry per group, in order: its allocations, or None when that group does not fit.
+
+        ``pod_groups``: per group, what ``allocate`` takes as ``pod_groups`` (or None). ``exclude_nodes``:
+        one set for every group, or one per group. Raises ``GroupAllocationError`` (an AllocationError
+        naming the group's index) for a group with a fatal error; nothing is held either way.
+        """
+        return place_many(
+            self, groups, node=node, policy=policy, pod_groups=pod_groups, exclude_nodes=exclude_nodes,
+            rng=rng,
+        )  # fmt: skip

@@ -1,0 +1,177 @@
+"""allocate_many (DESIGN.md section 4): many independent groups at once, each whole or not at all, in
+input order, a group that does not fit never stopping the others, nothing held afterwards."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+from allocator_builders import claim, exact, node_slice, our_classes, share
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_properties import _build, _check, _claim, claim_specs, clusters
+
+from driver.allocator import AllocationError, ClusterState, GroupAllocationError, allocate_many
+
+SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _state(*slices: dict[str, Any]) -> ClusterState:
+    state = ClusterState()
+    for device_class in our_classes():
+        state.upsert_class(device_class)
+    for raw in slices:
+        state.upsert_slice(raw)
+    return state
+
+
+def _memory_gi(allocation: dict[str, Any]) -> float:
+    consumed = allocation["devices"]["results"][0]["consumedCapacity"]["memory"]
+    assert consumed.endswith("Gi") or consumed.endswith("Mi"), consumed
+    return float(consumed[:-2]) / (1 if consumed.endswith("Gi") else 1024)
+
+
+def test_largest_first_places_what_arrival_order_cannot() -> None:
+    """Two 80 GiB GPUs; in arrival order 20+20+20 fill one GPU, 60 the other, and 40 finds no room.
+    Decided together, 60 and 40 go first and the three 20s fill what is left."""
+    sizes = [20, 20, 20, 60, 40]
+    groups = [[share(f"s{i}", gi)] for i, gi in enumerate(sizes)]
+    state = _state(node_slice("n0", gpus=2))
+    one_by_one = []
+    for group in groups:
+        result = state.allocate(group, rng=random.Random(1))
+        one_by_one.append(result)
+        if result is not None:
+            state.assume([{**group[0], "status": {"allocation": result[0]}}])
+    assert one_by_one[-1] is None  # the premise: arrival order strands the 40
+
+    results = allocate_many(groups, slices=[node_slice("n0", gpus=2)], classes=our_classes())
+    assert all(r is not None for r in results)
+    assert [_memory_gi(r[0]) for r in results if r is not None] == sizes  # input order kept
+    per_gpu: dict[str, float] = {}
+    for result in results:
+        assert result is not None
+        device = result[0]["devices"]["results"][0]["device"]
+        per_gpu[device] = per_gpu.get(device, 0) + _memory_gi(result[0])
+    assert sorted(per_gpu.values()) == [80, 80]
+
+
+def test_a_group_that_does_not_fit_never_stops_the_others() -> None:
+    too_big = [share("big-a", 60), share("big-b", 60), share("big-c", 60)]  # one pod, three claims
+    groups = [too_big, [share("small", 10)], [claim("whole", exact("gpu", class_name="gpu.fractional.dev"))]]
+    results = allocate_many(
+        groups, slices=[node_slice("n0", gpus=2)], classes=our_classes(), node="n0", policy="first-fit"
+    )
+    assert results[0] is None
+    assert results[1] is not None and len(results[1]) == 1
+    assert results[2] is not None and len(results[2]) == 1
+    assert (
+        results[1][0]["devices"]["results"][0]["device"] != results[2][0]["devices"]["results"][0]["device"]
+    )
+
+
+def test_a_gang_is_whole_or_nothing_and_holds_nothing() -> None:
+    """A gang of two pods (one claim each, per pod_groups) needs two 70 GiB shares; a 40 GiB share
+    already lives on n1, so only n0 could take one pod: the gang gets nothing, the 30 GiB share is
+    placed beside the live one, and nothing stays held."""
+    state = _state(node_slice("n0", gpus=1), node_slice("n1", gpus=1))
+    live = share("live", 40)
+    result = state.allocate([live], node="n1")
+    assert result is not None
+    state.assume([{**live, "status": {"allocation": result[0]}}])
+    before = state.free_summary()
+    gang = [share("g0", 70), share("g1", 70)]
+    results = state.allocate_many(
+        [gang, [share("s", 30)]], pod_groups=[[[0], [1]], None], rng=random.Random(2)
+    )
+    assert results[0] is None
+    assert results[1] is not None and results[1][0]["devices"]["results"][0]["pool"] == "n1"
+    assert state.free_summary() == before  # allocate_many holds nothing
+
+    state.remove_claim(live["metadata"]["uid"])
+    results = state.allocate_many([gang], pod_groups=[[[0], [1]]])
+    assert results[0] is not None and len(results[0]) == 2
+    nodes = {r["nodeSelector"]["nodeSelectorTerms"][0]["matchFields"][0]["values"][0] for r in results[0]}
+    assert nodes == {"n0", "n1"}
+
+
+def test_excluded_nodes_per_group() -> None:
+    state = _state(node_slice("n0", gpus=1), node_slice("n1", gpus=1))
+    results = state.allocate_many(
+        [[share("a", 10)], [share("b", 10)]], exclude_nodes=[frozenset({"n0"}), frozenset({"n1"})]
+    )
+    pools = [r[0]["devices"]["results"][0]["pool"] for r in results if r is not None]
+    assert pools == ["n1", "n0"]
+    with pytest.raises(AllocationError, match="exclude_nodes: 1 entries for 2 groups"):
+        state.allocate_many([[share("a", 10)], [share("b", 10)]], exclude_nodes=[frozenset()])
+
+
+def test_a_fatal_error_names_its_group_and_holds_nothing() -> None:
+    state = _state(node_slice("n0", gpus=2))
+    before = state.free_summary()
+    bad = claim("bad", exact("gpu", class_name="no-such-class"))
+    with pytest.raises(GroupAllocationError, match=r"group 1: .*no-such-class") as raised:
+        state.allocate_many([[share("ok", 10)], [bad]])
+    assert raised.value.group == 1
+    assert state.free_summary() == before
+
+
+def test_empty_inputs() -> None:
+    state = _state(node_slice("n0", gpus=1))
+    assert state.allocate_many([]) == []
+    assert state.allocate_many([[], [share("a", 10)]])[0] == []
+
+
+# ---------------------------------------------------------------- properties
+
+group_specs = st.lists(claim_specs, min_size=1, max_size=5)
+
+
+def _groups(specs: list[list[Any]]) -> list[list[dict[str, Any]]]:
+    return [[_claim(100 * g + i, spec) for i, spec in enumerate(group)] for g, group in enumerate(specs)]
+
+
+@SETTINGS
+@given(clusters, group_specs, st.sampled_from(["best-fit", "first-fit"]), st.booleans())
+def test_each_group_whole_or_not_at_all(cluster: Any, specs: Any, policy: str, node_mode: bool) -> None:
+    """Every group gets all of its claims or None; together the placed groups respect every device's
+    capacity and exclusivity (checked independently); a group left out does not fit beside the
+    others (node mode: the per-node search is exhaustive); and nothing is held afterwards."""
+    state, devices = _build(cluster)
+    node = "n0" if node_mode else None
+    groups = _groups(specs)
+    if not node_mode:  # cluster mode places a multi-claim gang greedily; keep the completeness check exact
+        groups = [[c] for group in groups for c in group]
+    before = state.free_summary()
+    results = state.allocate_many(groups, node=node, policy=policy, rng=random.Random(5))
+    assert state.free_summary() == before
+    assert len(results) == len(groups)
+    placed = []
+    for group, result in zip(groups, results, strict=True):
+        if result is not None:
+            assert len(result) == len(group)
+            placed.extend(zip(group, result, strict=True))
+    _check(devices, placed)
+    for raw, allocation in placed:
+        state.assume([{**raw, "status": {"allocation": allocation}}])
+    for group, result in zip(groups, results, strict=True):
+        if result is None:
+            assert state.allocate(group, node=node, policy="first-fit") is None
+
+
+@SETTINGS
+@given(clusters, group_specs, st.sampled_from(["best-fit", "first-fit"]))
+def test_batch_never_places_fewer_groups_than_arrival_order(cluster: Any, specs: Any, policy: str) -> None:
+    """Deciding a burst together never places fewer groups than deciding it one by one in arrival
+    order with the same policy."""
+    state, _ = _build(cluster)
+    groups = [[c] for group in _groups(specs) for c in group]
+    results = state.allocate_many(groups, policy=policy, rng=random.Random(5))
+    one_by_one = 0
+    for group in groups:
+        result = state.allocate(group, policy=policy)
+        if result is not None:
+            one_by_one += 1
+            state.assume([{**group[0], "status": {"allocation": result[0]}}])
+    assert sum(r is not None for r in results) >= one_by_one
