@@ -157,6 +157,13 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sharing", default=_env("--sharing", "none"), help="mps | hami | none")
     p.add_argument("--metrics-port", type=int, default=_env_int("--metrics-port", 8080))
     p.add_argument("--metrics-host", default=_env("--metrics-host", "0.0.0.0"))
+    p.add_argument("--proc-root", default=_env("--proc-root", "/proc"), help="the host's /proc")
+    p.add_argument(
+        "--dcgm-metrics",
+        action="store_true",
+        default=_env_bool("--dcgm-metrics"),
+        help="also emit GPU metrics under dcgm-exporter's names",
+    )
     p.add_argument("--pod-uid", default=_env("--pod-uid", None), help="enables rolling-update socket names")
     p.add_argument("--socket-group", type=int, default=_env_int("--socket-group", None))
     p.add_argument("--hami-library", default=_env("--hami-library", None))
@@ -279,6 +286,8 @@ def build_plugin_config(args: argparse.Namespace) -> PluginConfig:
         sharing=args.sharing,
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
+        proc_root=args.proc_root,
+        dcgm_metrics=args.dcgm_metrics,
         kubeconfig=args.kubeconfig,
         pod_uid=args.pod_uid or None,
         socket_group=args.socket_group,

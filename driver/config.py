@@ -86,6 +86,8 @@ class PluginConfig:
     resync_seconds: float = 30.0
     max_workers: int = 16
     cdi_spec_check: bool = True  # real GPUs: warn when no nvidia.com/gpu CDI spec exists
+    proc_root: str = "/proc"  # the host's /proc: GPU processes -> pods (per-share memory used)
+    dcgm_metrics: bool = False  # also emit GPU figures under dcgm-exporter's names and labels
 
     def __post_init__(self) -> None:
         if not self.node_name:

@@ -49,6 +49,7 @@ from driver.plugin.checkpoint import BOOT_ID_PATH, read_boot_id
 from driver.plugin.claims import ClaimReader
 from driver.plugin.devices import PrepareSettings
 from driver.plugin.dra_service import ClaimSource, add_dra_services
+from driver.plugin.gpu_metrics import GPU_METRICS, GpuMetricsSource
 from driver.plugin.health import HealthMonitor, build_health_taints
 from driver.plugin.health_service import HealthStreamer
 from driver.plugin.metrics import HEALTH_CHANGES_TOTAL
@@ -66,6 +67,7 @@ from driver.plugin.sharing.factory import build_sharing_backends
 from driver.plugin.sharing.mps import MpsBackend
 from driver.plugin.state import DeviceState, EffectHook
 from driver.plugin.status import ClaimStatusWriter
+from driver.plugin.usage import PodIndex, RecordingClaimSource
 from driver.probes import ProbeServer
 from driver.slices import Taints
 
@@ -176,6 +178,7 @@ class NodeAgent:
         self.slices_published = threading.Event()
         self.serving = threading.Event()
         self.state: DeviceState | None = None
+        self.gpu_metrics: GpuMetricsSource | None = None  # GPU and per-share series (driver.plugin.gpu_metrics)
 
     # -- start ---------------------------------------------------------------------------------
 
@@ -239,6 +242,8 @@ class NodeAgent:
             check_toolkit_cdi_spec([*STANDARD_SPEC_DIRS, config.cdi_root])
         reader = ClaimReader() if self._claims is None else None
         claims: ClaimSource = reader if reader is not None else self._claims  # type: ignore[assignment]
+        self.gpu_metrics = _build_gpu_metrics(config, inventory, self._nvml, self.state)
+        claims = RecordingClaimSource(claims, self.gpu_metrics.pods)
 
         self._health = HealthMonitor(
             inventory,
@@ -360,6 +365,8 @@ class NodeAgent:
 
     def _on_health_change(self, snapshot: Any) -> None:
         HEALTH_CHANGES_TOTAL.inc()
+        if self.gpu_metrics is not None:
+            self.gpu_metrics.xids.observe(snapshot)
         taints = build_health_taints(snapshot)
         with self._taints_lock:
             self._taints = taints or None
@@ -417,6 +424,8 @@ class NodeAgent:
         if self._probe is not None:
             self._probe.close()
             self._probe = None
+        if self.gpu_metrics is not None:
+            GPU_METRICS.remove_source(self.gpu_metrics)
         if self._health is not None:
             self._health.join()
         for thread in self._threads:
@@ -429,6 +438,28 @@ class NodeAgent:
             self._nvml.nvmlShutdown()
             self._nvml = None
         log.info("node agent stopped", extra={"node": self.config.node_name})
+
+
+def _build_gpu_metrics(
+    config: PluginConfig, inventory: NodeInventory, nvml: ModuleType | None, state: DeviceState
+) -> GpuMetricsSource:
+    """The agent's GPU and per-share series: NVML on real GPUs, the fake backend's stand-in else."""
+    if nvml is None:
+        from driver.inventory.fake_nvml import FakeNVML
+
+        source_nvml: Any = FakeNVML(inventory)
+    else:
+        source_nvml = nvml
+    source = GpuMetricsSource(
+        inventory=inventory,
+        nvml=source_nvml,
+        prepared_claims=state.prepared_claims,
+        pods=PodIndex(),
+        proc_root=config.proc_root,
+        dcgm_names=config.dcgm_metrics,
+    )
+    GPU_METRICS.add_source(source)
+    return source
 
 
 def run_agent(config: PluginConfig, stop: threading.Event) -> int:
