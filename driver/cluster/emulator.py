@@ -19,6 +19,7 @@ its connection's thread until it times out, its client goes away or ``stop()`` e
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
 from collections import Counter
@@ -30,6 +31,7 @@ from kubernetes import client
 
 from driver.cluster.emulator_http import Route, ThreadedHTTPServer
 from driver.cluster.emulator_patch import apply_patch
+from driver.cluster.emulator_request import RequestOptions, parse_options
 from driver.cluster.emulator_selectors import build_matcher
 from driver.cluster.emulator_store import (
     ResourceType,
@@ -207,6 +209,20 @@ class APIServer:
 
     def handle(
         self, method: str, route: Route, query: dict[str, str], body: Any, headers: Any
+    ) -> tuple[int, Obj, list[str]]:
+        """Serve one request: (status code, body, warnings for ``Warning`` headers)."""
+        options = parse_options(query)
+        code, obj = self._dispatch(method, route, query, body, headers, options)
+        return code, obj, options.warnings
+
+    def _dispatch(
+        self,
+        method: str,
+        route: Route,
+        query: dict[str, str],
+        body: Any,
+        headers: Any,
+        options: RequestOptions,
     ) -> tuple[int, Obj]:
         rtype = route.rtype
         if route.name is None:
@@ -215,10 +231,10 @@ class APIServer:
                 return 200, self._list(route, query)
             if method == "POST":
                 self._record("create", route)
-                return 201, self._create(route, body)
+                return 201, self._create(route, body, options)
             if method == "DELETE":
                 self._record("deletecollection", route)
-                return 200, self._delete_collection(route, query)
+                return 200, self._delete_collection(route, query, options)
             raise _method_not_allowed(method)
         namespace = route.namespace or ""
         if route.subresource == "binding":
@@ -231,13 +247,13 @@ class APIServer:
             return 200, self._store.get(rtype, namespace, route.name)
         if method == "PUT":
             self._record("update", route)
-            return 200, self._update(route, _require_object(body))
+            return 200, self._update(route, _require_object(body), options)
         if method == "PATCH":
             self._record("patch", route)
-            return 200, self._patch(route, body, headers.get("Content-Type", ""))
+            return 200, self._patch(route, body, headers.get("Content-Type", ""), options)
         if method == "DELETE":
             self._record("delete", route)
-            return 200, self._delete(route, body)
+            return 200, self._delete(route, body, options)
         raise _method_not_allowed(method)
 
     def _list(self, route: Route, query: dict[str, str]) -> Obj:
@@ -253,7 +269,13 @@ class APIServer:
             "items": [item for item in items if matches(item)],
         }
 
-    def _create(self, route: Route, body: Any) -> Obj:
+    def _validate_for(self, options: RequestOptions) -> Any:
+        """The validate callable of one request: unknown fields as its ``fieldValidation`` says."""
+        return functools.partial(
+            self._validator.validate, field_validation=options.field_validation, warnings=options.warnings
+        )
+
+    def _create(self, route: Route, body: Any, options: RequestOptions) -> Obj:
         rtype = route.rtype
         if route.subresource or (rtype.namespaced and route.namespace is None):
             raise _method_not_allowed("POST")
@@ -277,11 +299,12 @@ class APIServer:
         return self._store.create(
             rtype,
             obj,
-            lambda stamped: prepare_create(rtype, stamped, self._validator.validate),
+            lambda stamped: prepare_create(rtype, stamped, self._validate_for(options)),
             ensure_namespace=build_namespace,
+            dry_run=options.dry_run,
         )
 
-    def _update(self, route: Route, body: Obj) -> Obj:
+    def _update(self, route: Route, body: Obj, options: RequestOptions) -> Obj:
         rtype = route.rtype
         _check_type(rtype, body)
         prepare = prepare_status_update if route.subresource == "status" else prepare_update
@@ -289,10 +312,11 @@ class APIServer:
             rtype,
             route.namespace or "",
             route.name or "",
-            lambda current: prepare(rtype, body, current, self._validator.validate),
+            lambda current: prepare(rtype, body, current, self._validate_for(options)),
+            dry_run=options.dry_run,
         )
 
-    def _patch(self, route: Route, body: Any, content_type: str) -> Obj:
+    def _patch(self, route: Route, body: Any, content_type: str, options: RequestOptions) -> Obj:
         rtype = route.rtype
         prepare = prepare_status_update if route.subresource == "status" else prepare_update
         strategic_allowed = rtype.group != "autoscaling.x-k8s.io"  # custom resources take no strategic patch
@@ -301,9 +325,11 @@ class APIServer:
             patched = apply_patch(content_type, current, body, strategic_allowed=strategic_allowed)
             if not isinstance(patched, dict) or not isinstance(patched.get("metadata", {}), dict):
                 raise StatusError(code=422, reason="Invalid", message="patch did not produce an object")
-            return prepare(rtype, patched, current, self._validator.validate)
+            return prepare(rtype, patched, current, self._validate_for(options))
 
-        return self._store.update(rtype, route.namespace or "", route.name or "", compute)
+        return self._store.update(
+            rtype, route.namespace or "", route.name or "", compute, dry_run=options.dry_run
+        )
 
     def _bind(self, route: Route, binding: Obj) -> Obj:
         """``pods/binding``: set ``spec.nodeName`` once and mark the pod scheduled, as a scheduler's bind
@@ -338,7 +364,7 @@ class APIServer:
         self._store.update(route.rtype, route.namespace or "", route.name or "", compute)
         return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
 
-    def _delete(self, route: Route, body: Any) -> Obj:
+    def _delete(self, route: Route, body: Any, options: RequestOptions) -> Obj:
         rtype = route.rtype
         preconditions = (body or {}).get("preconditions") or {} if isinstance(body, dict) else {}
 
@@ -348,19 +374,23 @@ class APIServer:
                 if wanted and wanted != current["metadata"].get(field):
                     raise conflict_error(rtype, route.name or "")
 
-        obj, removed = self._store.delete(rtype, route.namespace or "", route.name or "", check)
+        if isinstance(body, dict) and body.get("dryRun") == ["All"]:  # DeleteOptions may carry it too
+            options.dry_run = True
+        obj, removed = self._store.delete(
+            rtype, route.namespace or "", route.name or "", check, dry_run=options.dry_run
+        )
         if not removed or rtype.returns_object_on_delete:
             return obj
         return _success_status(rtype, obj)
 
-    def _delete_collection(self, route: Route, query: dict[str, str]) -> Obj:
+    def _delete_collection(self, route: Route, query: dict[str, str], options: RequestOptions) -> Obj:
         rtype = route.rtype
         matches = build_matcher(
             query.get("labelSelector"), query.get("fieldSelector"), rtype.field_labels, rtype.kind
         )
         items, _ = self._store.list_objects(rtype, route.namespace)
         for item in items:
-            if matches(item):
+            if matches(item) and not options.dry_run:
                 with contextlib.suppress(StatusError):  # deleted concurrently
                     self._store.delete(rtype, item["metadata"].get("namespace", ""), item["metadata"]["name"])
         return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"}

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 
+from driver.cluster.emulator_openapi import openapi_document
 from driver.cluster.emulator_store import ResourceType, StatusError, Watcher, WatchEvent
 from driver.cluster.emulator_strategy import RESOURCE_TYPES, find_resource_type
 
@@ -64,7 +65,7 @@ class Backend(Protocol):
 
     def handle(
         self, method: str, route: Route, query: dict[str, str], body: Any, headers: Any
-    ) -> tuple[int, Obj]: ...
+    ) -> tuple[int, Obj, list[str]]: ...
 
     def open_watch(self, route: Route, query: dict[str, str]) -> tuple[Watcher, list[WatchEvent], float]: ...
 
@@ -195,6 +196,9 @@ class _Handler(BaseHTTPRequestHandler):
         }
         backend = self.server.backend
         try:
+            if method == "GET" and (encoded := openapi_document(url.path)) is not None:
+                self._send_bytes(200, encoded)
+                return
             document = discovery_document(url.path) if method == "GET" else None
             if document is not None:
                 self._send_json(200, document)
@@ -205,15 +209,20 @@ class _Handler(BaseHTTPRequestHandler):
             if method == "GET" and route.name is None and query.get("watch") in ("true", "1"):
                 self._watch(backend, route, query)
                 return
-            code, obj = backend.handle(method, route, query, body, self.headers)
+            code, obj, warnings = backend.handle(method, route, query, body, self.headers)
         except StatusError as error:
             self._send_json(error.code, error.to_status())
             return
-        self._send_json(code, obj)
+        self._send_json(code, obj, warnings)
 
-    def _send_json(self, code: int, obj: Any) -> None:
-        data = _encode(obj)
+    def _send_json(self, code: int, obj: Any, warnings: list[str] | None = None) -> None:
+        self._send_bytes(code, _encode(obj), warnings)
+
+    def _send_bytes(self, code: int, data: bytes, warnings: list[str] | None = None) -> None:
         self.send_response(code)
+        for warning in warnings or ():  # RFC 7234 warn-code 299, as the apiserver sends them
+            escaped = warning.replace("\\", "\\\\").replace('"', '\\"')
+            self.send_header("Warning", f'299 - "{escaped}"')
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()

@@ -52,9 +52,11 @@ class SchemaViolation(Exception):
         self.path, self.problem, self.kind = path, problem, kind
 
 
-def schema_document(name: str) -> Any:
-    """One JSON file of the schema directory (``resourceslice-resource-v1.json``)."""
-    return json.loads(_SCHEMA_ROOT.joinpath(_SCHEMA_DIR, name).read_text(encoding="utf-8"))
+def schema_document(name: str, *, strict: bool = True) -> Any:
+    """One JSON file of the schema directory (``resourceslice-resource-v1.json``); ``strict=False``
+    reads the same version's non-strict files (no added ``additionalProperties: false``)."""
+    directory = _SCHEMA_DIR if strict else _SCHEMA_DIR.removesuffix("-strict")
+    return json.loads(_SCHEMA_ROOT.joinpath(directory, name).read_text(encoding="utf-8"))
 
 
 def _is_integer(value: Any) -> bool:

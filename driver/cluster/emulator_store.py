@@ -217,8 +217,10 @@ class Store:
         prepare: Callable[[Obj], Obj],
         *,
         ensure_namespace: Callable[[str], Obj] | None = None,
+        dry_run: bool = False,
     ) -> Obj:
-        """Name (``generateName``), stamp and ``prepare`` (validate) ``obj``, then store it."""
+        """Name (``generateName``), stamp and ``prepare`` (validate) ``obj``, then store it
+        (``dry_run``: answer what would be stored, without a resource version, and store nothing)."""
         metadata = obj.get("metadata") or {}
         for _ in range(_COMMIT_ATTEMPTS):
             name = metadata.get("name") or ""
@@ -247,6 +249,9 @@ class Store:
                     if metadata.get("name"):
                         raise already_exists_error(rtype, name)
                     continue  # generateName collision: draw another suffix
+                if dry_run:
+                    return {**prepared, "metadata": {
+                        k: v for k, v in prepared["metadata"].items() if k != "resourceVersion"}}  # fmt: skip
                 if rtype.namespaced and ensure_namespace is not None:
                     self._ensure_namespace_locked(key[0], ensure_namespace)
                 return self._commit_locked(rtype, key, prepared, "ADDED", None)
@@ -258,8 +263,11 @@ class Store:
         namespace: str,
         name: str,
         compute: Callable[[Obj], Obj],
+        *,
+        dry_run: bool = False,
     ) -> Obj:
-        """Replace the stored object by ``compute(current)``, retried if a concurrent write won.
+        """Replace the stored object by ``compute(current)``, retried if a concurrent write won
+        (``dry_run``: answer what would be stored, and store nothing).
 
         ``compute`` raises ``StatusError`` (conflict, invalid) and must not mutate ``current``. A
         deleting object whose finalizers become empty is removed (DELETED).
@@ -276,8 +284,8 @@ class Store:
                 if objects.get(key) is not current:
                     continue
                 new = _with_metadata(new, resourceVersion=current["metadata"]["resourceVersion"])
-                if new == current:
-                    return current  # a no-op write keeps the resource version, as the apiserver does
+                if new == current or dry_run:
+                    return current if new == current else new  # a no-op write keeps the resource version
                 if new["metadata"].get("deletionTimestamp") and not new["metadata"].get("finalizers"):
                     del objects[key]
                     return self._commit_locked(rtype, key, new, "DELETED", current)
@@ -290,8 +298,11 @@ class Store:
         namespace: str,
         name: str,
         check: Callable[[Obj], None] | None = None,
+        *,
+        dry_run: bool = False,
     ) -> tuple[Obj, bool]:
-        """Delete, or mark deleting while finalizers remain. Returns (object, removed)."""
+        """Delete, or mark deleting while finalizers remain. Returns (object, removed); ``dry_run``
+        answers the same and changes nothing."""
         key = (namespace, name)
         with self._lock:
             objects = self._objects.get(rtype.qualified, {})
@@ -306,7 +317,11 @@ class Store:
                 marked = _with_metadata(
                     current, deletionTimestamp=new_timestamp(), deletionGracePeriodSeconds=0
                 )
+                if dry_run:
+                    return marked, False
                 return self._commit_locked(rtype, key, marked, "MODIFIED", current), False
+            if dry_run:
+                return current, True
             del objects[key]
             return self._commit_locked(rtype, key, current, "DELETED", current), True
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from driver.cluster.emulator_request import FieldValidation
 from driver.cluster.emulator_rules import check_rules, drop_disabled_fields
 from driver.cluster.emulator_schema import SCHEMA_VERSION, SchemaViolation, schema_check
 from driver.cluster.emulator_store import ResourceType, StatusError
@@ -18,6 +19,7 @@ from driver.cluster.emulator_store import ResourceType, StatusError
 __all__ = ["SCHEMA_VERSION", "ObjectValidator", "format_path", "invalid_error", "schema_file"]
 
 Obj = dict[str, Any]
+_MAX_UNKNOWN_FIELDS = 100  # past this many, the rest are reported as one
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Fields whose values are maps: their keys are data, written in brackets.
 _MAP_FIELDS = frozenset(
@@ -82,23 +84,70 @@ def _check_provisioning_request(rtype: ResourceType, obj: Obj) -> None:
         raise invalid_error(rtype, name, [("spec", "Invalid value: must be an object")])
 
 
+def _without(obj: Any, path: tuple[str | int, ...]) -> Any:
+    """``obj`` with the value at ``path`` removed (copies along the path only)."""
+    head, rest = path[0], path[1:]
+    if isinstance(obj, dict):
+        if not rest:
+            return {key: value for key, value in obj.items() if key != head}
+        return {**obj, head: _without(obj[head], rest)}
+    if isinstance(obj, list) and isinstance(head, int):
+        return [*obj[:head], _without(obj[head], rest), *obj[head + 1 :]]
+    return obj
+
+
+def _strict_decoding_error(rtype: ResourceType, unknown: list[str]) -> StatusError:
+    fields = ", ".join(f'unknown field "{field}"' for field in unknown)
+    return StatusError(
+        code=400,
+        reason="BadRequest",
+        message=f'{rtype.kind} in version "{rtype.version}" cannot be handled as a {rtype.kind}: '
+        f"strict decoding error: {fields}",
+    )
+
+
 class ObjectValidator:
     """Drops the fields of disabled DRA gates, then validates (schema, then DRA rules)."""
 
     def __init__(self, *, disabled_features: frozenset[str] = frozenset()) -> None:
         self._disabled_features = disabled_features
 
-    def validate(self, rtype: ResourceType, obj: Obj, old: Obj | None) -> Obj:
-        """Return the object to store, or raise 422 naming the field."""
+    def validate(
+        self,
+        rtype: ResourceType,
+        obj: Obj,
+        old: Obj | None,
+        *,
+        field_validation: FieldValidation | None = None,
+        warnings: list[str] | None = None,
+    ) -> Obj:
+        """Return the object to store, or raise 422 naming the field.
+
+        Unknown fields, as the apiserver's decoder treats them under ``field_validation``: dropped
+        (``Ignore``), dropped with a warning appended to ``warnings`` (``Warn``) or refused with 400
+        (``Strict``). None keeps the emulator's own strictness for internal writes: 422 naming it.
+        """
         obj = drop_disabled_fields(rtype, obj, self._disabled_features)
         name = obj["metadata"].get("name", "")
         if rtype.plural == "provisioningrequests":
             _check_provisioning_request(rtype, obj)
             return obj
-        try:
-            schema_check(schema_file(rtype))(obj, ())
-        except SchemaViolation as violation:
-            raise invalid_error(rtype, name, _schema_causes(violation)) from None
+        check = schema_check(schema_file(rtype))
+        unknown: list[str] = []
+        while True:
+            try:
+                check(obj, ())
+                break
+            except SchemaViolation as violation:
+                droppable = violation.kind == "unknown" and len(unknown) <= _MAX_UNKNOWN_FIELDS
+                if field_validation is None or not droppable:
+                    raise invalid_error(rtype, name, _schema_causes(violation)) from None
+                unknown.append(format_path(violation.path))
+                obj = _without(obj, violation.path)
+        if unknown and field_validation is FieldValidation.STRICT:
+            raise _strict_decoding_error(rtype, unknown)
+        if unknown and field_validation is FieldValidation.WARN and warnings is not None:
+            warnings.extend(f'unknown field "{field}"' for field in unknown)
         causes = check_rules(rtype, obj, old)
         if causes:
             raise invalid_error(rtype, name, causes)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+import urllib.request
 from collections.abc import Callable
 from typing import Any
 
@@ -263,13 +264,34 @@ def test_slice_rule_accepts(custom: client.CustomObjectsApi, mutate: Mutation) -
     assert created["spec"] == body["spec"]
 
 
-def test_unknown_field_is_rejected_naming_it(custom: client.CustomObjectsApi) -> None:
+def test_unknown_field_is_refused_under_strict_field_validation(custom: client.CustomObjectsApi) -> None:
     body = slice_body(devices=[_device(capacity={"memory": {"value": "1Gi", "limit": "2Gi"}})])
     with pytest.raises(client.ApiException) as caught:
-        _create(custom, body)
-    status = json.loads(caught.value.body)
-    assert caught.value.status == 422
-    assert status["details"]["causes"][0]["field"] == "spec.devices[0].capacity[memory].limit"
+        custom.create_cluster_custom_object(
+            "resource.k8s.io", "v1", "resourceslices", body, field_validation="Strict"
+        )
+    assert caught.value.status == 400
+    assert json.loads(caught.value.body)["message"] == (
+        'ResourceSlice in version "v1" cannot be handled as a ResourceSlice: strict decoding error: '
+        'unknown field "spec.devices[0].capacity[memory].limit"'
+    )
+
+
+def test_unknown_field_is_dropped_with_a_warning_by_default(api_server: Any) -> None:
+    """``fieldValidation=Warn`` is the server's default: the object is stored without the field and
+    a ``Warning`` header names it."""
+    body = slice_body(devices=[_device(capacity={"memory": {"value": "1Gi", "limit": "2Gi"}})])
+    request = urllib.request.Request(
+        f"{api_server.url}/apis/resource.k8s.io/v1/resourceslices",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        created = json.loads(response.read())
+        warnings = response.headers.get_all("Warning")
+    assert warnings == ['299 - "unknown field \\"spec.devices[0].capacity[memory].limit\\""']
+    assert created["spec"]["devices"][0]["capacity"]["memory"] == {"value": "1Gi"}
 
 
 def test_schema_type_mismatch_is_rejected(custom: client.CustomObjectsApi) -> None:

@@ -103,3 +103,87 @@ def test_get_and_delete_a_node(kubectl: Kubectl) -> None:
     missing = kubectl.run("get", "node", name, check=False)
     assert missing.returncode == 1
     assert f'nodes "{name}" not found' in missing.stderr
+
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _namespace(kubectl: Kubectl, purpose: str) -> str:
+    name = f"{purpose}-{kubectl.suffix}"
+    kubectl.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    return name
+
+
+def _config_map(name: str, namespace: str, **data: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": name, "namespace": namespace},
+        "data": data or {"key": "value"},
+    }
+
+
+# OpenAPI ----------------------------------------------------------------------------------------
+
+
+def test_apply_validates_without_flags(kubectl: Kubectl) -> None:
+    namespace = _namespace(kubectl, "openapi")
+    result = kubectl.run("apply", "-n", namespace, "-f", str(REPO_ROOT / "examples" / "whole-gpu-pod.yaml"))
+    assert result.stdout.splitlines() == [
+        "resourceclaim.resource.k8s.io/whole-gpu created",
+        "pod/whole-gpu created",
+    ]
+
+
+def test_explain_prints_the_official_field_docs(kubectl: Kubectl) -> None:
+    text = kubectl.run("explain", "resourceclaim.spec.devices.requests").stdout
+    assert "KIND:       ResourceClaim" in text
+    assert "FIELD: requests <[]DeviceRequest>" in text
+    assert "Requests represent individual requests for distinct devices" in text
+    assert "exactly\t<ExactDeviceRequest>" in text
+    assert "firstAvailable\t<[]DeviceSubRequest>" in text
+
+
+def test_unknown_field_is_refused_as_strict_validation_refuses_it(kubectl: Kubectl) -> None:
+    namespace = _namespace(kubectl, "strict")
+    manifest = _config_map("strict", namespace)
+    manifest["spec"] = {"bogus": True}
+    result = kubectl.run("apply", "-f", "-", stdin=yaml.safe_dump(manifest), check=False)
+    assert result.returncode == 1
+    expected = 'ConfigMap in version "v1" cannot be handled as a ConfigMap: strict decoding error: '
+    assert expected + 'unknown field "spec"' in result.stderr
+    assert kubectl.run("get", "configmap", "strict", "-n", namespace, check=False).returncode == 1
+
+
+# dry run ----------------------------------------------------------------------------------------
+
+
+def test_server_dry_run_persists_nothing(kubectl: Kubectl) -> None:
+    namespace = _namespace(kubectl, "dryrun")
+    created = kubectl.apply(_config_map("dry", namespace), "--dry-run=server")
+    assert created.stdout.strip() == "configmap/dry created (server dry run)"
+    missing = kubectl.run("get", "configmap", "dry", "-n", namespace, check=False)
+    assert 'configmaps "dry" not found' in missing.stderr
+
+    kubectl.apply(_config_map("dry", namespace, key="live"))
+    before = kubectl.json("get", "configmap", "dry", "-n", namespace)
+    configured = kubectl.apply(_config_map("dry", namespace, key="changed"), "--dry-run=server")
+    assert configured.stdout.strip() == "configmap/dry configured (server dry run)"
+    deleted = kubectl.run("delete", "configmap", "dry", "-n", namespace, "--dry-run=server")
+    assert deleted.stdout.startswith('configmap "dry" deleted')  # 1.37 adds "from <namespace> namespace"
+    assert deleted.stdout.strip().endswith("(server dry run)")
+    after = kubectl.json("get", "configmap", "dry", "-n", namespace)
+    assert after == before
+
+
+def test_diff_shows_the_change_and_leaves_the_live_object(kubectl: Kubectl) -> None:
+    namespace = _namespace(kubectl, "diff")
+    kubectl.apply(_config_map("diffed", namespace, key="live"))
+    before = kubectl.json("get", "configmap", "diffed", "-n", namespace)
+    result = kubectl.run(
+        "diff", "-f", "-", stdin=yaml.safe_dump(_config_map("diffed", namespace, key="changed")), check=False
+    )
+    assert result.returncode == 1, result.stderr  # 1: differences found
+    assert "-  key: live" in result.stdout
+    assert "+  key: changed" in result.stdout
+    assert kubectl.json("get", "configmap", "diffed", "-n", namespace) == before
