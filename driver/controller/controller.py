@@ -192,6 +192,7 @@ class Controller:
         with self.cache.lock:
             free = self.cache.state.free_summary()
             gangs = self.cache.gated_gangs()
+            slices = self.cache.objects(Kind.SLICE)
             pending_claims = []
             for gang in gangs:
                 for pod in self.cache.gang_pods(gang):
@@ -206,6 +207,7 @@ class Controller:
                             pending_claims.append(claim)
         self.metrics.gangs_pending.set(len(gangs))
         self.metrics.observe_capacity(free, share_memory_requests(pending_claims))
+        self.metrics.observe_fragmentation(free, slices, [str(g) for g in gangs], now=time.monotonic())
 
     def _run_worker(self) -> None:
         api_client = new_api_client(self._configuration)

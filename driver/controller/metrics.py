@@ -7,7 +7,8 @@ controllers in one process.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+import threading
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from prometheus_client import (
@@ -16,8 +17,20 @@ from prometheus_client import (
     Gauge,
     Histogram,
 )
+from prometheus_client.core import GaugeHistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
 
-__all__ = ["ControllerMetrics", "compute_fragmented_bytes"]
+from driver.controller.fragmentation import (
+    Fragmentation,
+    build_gpu_capacities,
+    compute_fragmentation,
+    products_from_slices,
+)
+
+__all__ = ["SHARES_PER_GPU_BUCKETS", "WAIT_SECONDS_BUCKETS", "ControllerMetrics", "compute_fragmented_bytes"]
+
+SHARES_PER_GPU_BUCKETS = (0, 1, 2, 4, 8, 16)
+WAIT_SECONDS_BUCKETS = (1, 5, 15, 60, 300, 900, 3600)
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +101,39 @@ class ControllerMetrics:
             "fractional_controller_claims_released", "Claims whose allocation we released.", registry=r
         )
         self.leader = Gauge("fractional_controller_leader", "1 while this replica leads.", registry=r)
+        self.gpus_free = Gauge(
+            "fractional_controller_gpus_free", "Whole GPUs with nothing allocated on them.", registry=r
+        )
+        self.gpus = Gauge("fractional_controller_gpus", "GPUs published by our driver.", registry=r)
+        self.stranded_bytes = Gauge(
+            "fractional_controller_stranded_memory_bytes",
+            "Free memory on partly used GPUs (fits shares, never a whole-GPU request).",
+            registry=r,
+        )
+        self.largest_share_bytes = Gauge(
+            "fractional_controller_largest_free_share_memory_bytes",
+            "The largest memory share that still fits on one GPU of this product.",
+            ["product"],
+            registry=r,
+        )
+        self.largest_share_compute = Gauge(
+            "fractional_controller_largest_free_share_compute_percent",
+            "Free guaranteed compute on the GPU offering the largest memory share of this product.",
+            ["product"],
+            registry=r,
+        )
+        self.gangs_waiting = Gauge(
+            "fractional_controller_gangs_waiting", "Gangs waiting for an allocation (gated).", registry=r
+        )
+        self.gang_longest_wait = Gauge(
+            "fractional_controller_gang_longest_wait_seconds",
+            "How long the longest-waiting gang has waited since the controller first saw it gated.",
+            registry=r,
+        )
+        self._fragmentation_lock = threading.Lock()
+        self._fragmentation: Fragmentation | None = None
+        self._gang_first_seen: dict[str, float] = {}
+        r.register(_FragmentationHistograms(self))
 
     def observe_capacity(
         self, free_summary: dict[str, dict[str, dict[str, Any]]], share_sizes: Iterable[int]
@@ -106,3 +152,77 @@ class ControllerMetrics:
             self.compute_percent.labels(node=node, kind="published").set(compute_total)
             self.compute_percent.labels(node=node, kind="allocated").set(compute_total - compute_free)
         self.fragmented_bytes.set(compute_fragmented_bytes(free_summary, share_sizes))
+
+    def observe_fragmentation(
+        self,
+        free_summary: Mapping[str, Mapping[str, Mapping[str, Any]]],
+        slices: Iterable[Mapping[str, Any]],
+        waiting_gangs: Iterable[str],
+        *,
+        now: float,
+    ) -> Fragmentation:
+        """Fragmentation of the cluster (``driver.controller.fragmentation``); ``now`` is a
+        monotonic clock reading, for how long each gang has waited since first seen waiting."""
+        waiting = set(waiting_gangs)
+        with self._fragmentation_lock:
+            for gang in [g for g in self._gang_first_seen if g not in waiting]:
+                del self._gang_first_seen[gang]
+            for gang in waiting:
+                self._gang_first_seen.setdefault(gang, now)
+            waits = [now - self._gang_first_seen[g] for g in waiting]
+        report = compute_fragmentation(
+            build_gpu_capacities(free_summary, products_from_slices(slices)), waits
+        )
+        self.gpus.set(report.gpus)
+        self.gpus_free.set(report.gpus_free)
+        self.stranded_bytes.set(report.stranded_memory_bytes)
+        self.largest_share_bytes.clear()
+        self.largest_share_compute.clear()
+        for largest in report.largest_share:
+            self.largest_share_bytes.labels(product=largest.product).set(largest.memory_bytes)
+            self.largest_share_compute.labels(product=largest.product).set(largest.compute_percent)
+        self.gangs_waiting.set(report.gangs_waiting)
+        self.gang_longest_wait.set(report.longest_wait_seconds)
+        with self._fragmentation_lock:
+            self._fragmentation = report
+        return report
+
+    def last_fragmentation(self) -> Fragmentation | None:
+        with self._fragmentation_lock:
+            return self._fragmentation
+
+
+def _gauge_histogram(
+    name: str, documentation: str, values: Iterable[float], bounds: Iterable[float]
+) -> GaugeHistogramMetricFamily:
+    values = list(values)
+    buckets = [(str(bound), float(sum(1 for v in values if v <= bound))) for bound in bounds]
+    buckets.append(("+Inf", float(len(values))))
+    return GaugeHistogramMetricFamily(name, documentation, buckets=buckets, gsum_value=float(sum(values)))
+
+
+class _FragmentationHistograms(Collector):
+    """Shares per GPU and gang wait times of the last ``observe_fragmentation``, as gauge histograms."""
+
+    def __init__(self, metrics: ControllerMetrics) -> None:
+        self._metrics = metrics
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        report = self._metrics.last_fragmentation()
+        shares = report.shares_per_gpu if report is not None else ()
+        waits = report.gang_wait_seconds if report is not None else ()
+        yield _gauge_histogram(
+            "fractional_controller_gpu_shares",
+            "GPUs by the number of shares allocated on them (a whole-GPU allocation counts as one).",
+            shares,
+            SHARES_PER_GPU_BUCKETS,
+        )
+        yield _gauge_histogram(
+            "fractional_controller_gang_wait_seconds",
+            "Waiting gangs by how long they have waited since the controller first saw them gated.",
+            waits,
+            WAIT_SECONDS_BUCKETS,
+        )
