@@ -100,8 +100,10 @@ def test_renders_every_component(values_name: str) -> None:
         "Role": 1,
         "RoleBinding": 1,
         "DeviceClass": 2,
-        "ValidatingAdmissionPolicy": 1,
-        "ValidatingAdmissionPolicyBinding": 1,
+        # The agent's ResourceSlices, the controller's pods and claims (the agent's claim-status
+        # policy only before 1.36; Helm renders offline for 1.36).
+        "ValidatingAdmissionPolicy": 3,
+        "ValidatingAdmissionPolicyBinding": 3,
         "PodDisruptionBudget": 1,
     }.items():
         assert kinds.count(kind) == count, f"{values_name}: {kind} x{kinds.count(kind)}"
@@ -361,7 +363,9 @@ def test_service_monitor_only_when_enabled(default: list[dict[str, Any]]) -> Non
     assert not [o for o in default if o["kind"] == "ServiceMonitor"]
     monitor = one(render_chart(load_values("sharing-mps-values")), "ServiceMonitor")
     assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
-    assert monitor["spec"]["endpoints"] == [{"port": "metrics", "path": "/metrics", "interval": "30s"}]
+    assert monitor["spec"]["endpoints"] == [
+        {"port": "metrics", "path": "/metrics", "interval": "30s", "honorLabels": True}
+    ]
     selected = monitor["spec"]["selector"]["matchExpressions"][0]["values"]
     assert selected == ["agent", "controller"]
 
@@ -405,8 +409,8 @@ def test_class_level_gpu_config() -> None:
 
 
 def test_admission_policy_pins_the_agent_to_its_node(default: list[dict[str, Any]]) -> None:
-    policy = one(default, "ValidatingAdmissionPolicy")
-    binding = one(default, "ValidatingAdmissionPolicyBinding")
+    policy = one(default, "ValidatingAdmissionPolicy", "-resourceslices")
+    binding = one(default, "ValidatingAdmissionPolicyBinding", "-resourceslices")
     assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
     spec = policy["spec"]
     assert spec["failurePolicy"] == "Fail"
