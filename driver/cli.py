@@ -14,6 +14,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Sequence
+from importlib import metadata
 from typing import Any
 
 from driver.config import (
@@ -137,8 +138,19 @@ def _add_kubeconfig(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kubeconfig", default=_env("--kubeconfig", None))
 
 
+def _version() -> str:
+    """The installed distribution's version (pyproject.toml's), else the package's own."""
+    try:
+        return metadata.version("fractional-dra")
+    except metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        from driver import __version__
+
+        return __version__
+
+
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fractional", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("discover", help="print the node's inventory (or the ResourceSlices it would publish)")
