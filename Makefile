@@ -4,8 +4,10 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# The image `make image` builds (podman stores it as localhost/$(IMAGE)); the chart and kind use it.
+IMAGE ?= fractional-dra:dev
 
-.PHONY: demo test lint bench proto kind-up kind-e2e kind-down clean
+.PHONY: demo test lint bench proto image image-test kind-up kind-e2e kind-down clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -30,8 +32,17 @@ bench: $(STAMP)
 proto: $(STAMP)
 	$(PY) hack/gen_proto.py
 
+# Hermetic: wheels downloaded on the host (wheelhouse/), then built with the network off; docker
+# when its daemon answers, else podman (hack/container-lib.sh).
+image: $(STAMP)
+	IMAGE=$(IMAGE) PYTHON=$(PY) hack/image-build.sh
+
+# The agent and the controller from the image against the embedded API on the host (tests/image).
+image-test: image
+	IMAGE=$(IMAGE) PYTHON=$(PY) hack/image-test.sh
+
 kind-up: $(STAMP)
-	hack/kind-up.sh
+	IMAGE=$(IMAGE) hack/kind-up.sh
 
 kind-e2e: $(STAMP)
 	$(PY) -m pytest -m e2e tests/e2e
@@ -41,3 +52,4 @@ kind-down:
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	find wheelhouse -mindepth 1 ! -name README.md -delete
