@@ -37,7 +37,8 @@ else
     --config "${repo_root}/hack/kind-config.yaml" --wait 120s
 fi
 
-docker build -t "${image}" "${repo_root}"
+# The same hermetic build as `make image` (wheels from the host, network off), with docker.
+CONTAINER_RUNTIME=docker IMAGE="${image}" "${repo_root}/hack/image-build.sh"
 kind load docker-image --name "${cluster}" "${image}"
 
 helm upgrade --install fractional-dra "${repo_root}/charts/fractional-dra" \
