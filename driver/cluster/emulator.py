@@ -47,6 +47,7 @@ from driver.cluster.emulator_strategy import (
     prepare_status_update,
     prepare_update,
 )
+from driver.cluster.emulator_tables import table_version, to_table
 from driver.cluster.emulator_validation import ObjectValidator
 
 __all__ = ["APIServer"]
@@ -228,7 +229,10 @@ class APIServer:
         if route.name is None:
             if method == "GET":
                 self._record("list", route)
-                return 200, self._list(route, query)
+                listed = self._list(route, query)
+                return 200, self._as_table(
+                    route, listed["items"], listed["metadata"], query, headers
+                ) or listed
             if method == "POST":
                 self._record("create", route)
                 return 201, self._create(route, body, options)
@@ -244,7 +248,8 @@ class APIServer:
             return 201, self._bind(route, _require_object(body))
         if method == "GET":
             self._record("get", route)
-            return 200, self._store.get(rtype, namespace, route.name)
+            obj = self._store.get(rtype, namespace, route.name)
+            return 200, self._as_table(route, [obj], obj["metadata"], query, headers) or obj
         if method == "PUT":
             self._record("update", route)
             return 200, self._update(route, _require_object(body), options)
@@ -255,6 +260,22 @@ class APIServer:
             self._record("delete", route)
             return 200, self._delete(route, body, options)
         raise _method_not_allowed(method)
+
+    @staticmethod
+    def _as_table(
+        route: Route, items: list[Obj], metadata: Obj, query: dict[str, str], headers: Any
+    ) -> Obj | None:
+        """The Table a ``kubectl get`` asks for with ``Accept: ...;as=Table``; None for plain objects."""
+        version = table_version(headers.get("Accept", "") if headers is not None else "")
+        if version is None:
+            return None
+        return to_table(
+            route.rtype,
+            items,
+            str(metadata.get("resourceVersion", "")),
+            version=version,
+            include_object=query.get("includeObject") or "Metadata",
+        )
 
     def _list(self, route: Route, query: dict[str, str]) -> Obj:
         rtype = route.rtype

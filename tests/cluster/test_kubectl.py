@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -187,3 +188,80 @@ def test_diff_shows_the_change_and_leaves_the_live_object(kubectl: Kubectl) -> N
     assert "-  key: live" in result.stdout
     assert "+  key: changed" in result.stdout
     assert kubectl.json("get", "configmap", "diffed", "-n", namespace) == before
+
+
+# tables -----------------------------------------------------------------------------------------
+
+
+def _columns(line: str) -> list[str]:
+    """Cells of a kubectl table line (columns are separated by at least two spaces... or one when a
+    cell fills its column: header cells here never contain double spaces)."""
+    return [cell for cell in re.split(r"\s{2,}", line.strip()) if cell]
+
+
+def test_get_pods_prints_the_servers_columns(kubectl: Kubectl) -> None:
+    namespace = _namespace(kubectl, "tables")
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "gated", "namespace": namespace},
+        "spec": {
+            "schedulingGates": [{"name": "example.com/wait"}],
+            "containers": [{"name": "c", "image": "x"}],
+        },
+    }
+    kubectl.apply(pod)
+    lines = kubectl.run("get", "pods", "-n", namespace).stdout.splitlines()
+    assert _columns(lines[0]) == ["NAME", "READY", "STATUS", "RESTARTS", "AGE"]
+    assert _columns(lines[1])[:4] == ["gated", "0/1", "Pending", "0"]
+    wide = kubectl.run("get", "pods", "-n", namespace, "-o", "wide").stdout.splitlines()
+    assert _columns(wide[0]) == [
+        "NAME", "READY", "STATUS", "RESTARTS", "AGE", "IP", "NODE", "NOMINATED NODE", "READINESS GATES",
+    ]  # fmt: skip
+    assert _columns(wide[1])[5:] == ["<none>", "<none>", "<none>", "<none>"]
+
+
+@pytest.fixture(scope="module")
+def listed(kubectl: Kubectl) -> str:
+    """One object of each kind the table tests list; returns their namespace."""
+    namespace = _namespace(kubectl, "columns")
+    suffix = kubectl.suffix
+    pool = {"name": "pool-a", "generation": 1, "resourceSliceCount": 1}
+    request = {"name": "r", "exactly": {"deviceClassName": f"class-{suffix}"}}
+    manifests = [
+        _config_map("listed", namespace),
+        {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": f"slice-{suffix}"},
+         "spec": {"driver": "gpu.example.com", "nodeName": "node-a", "pool": pool, "devices": []}},
+        {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": f"class-{suffix}"}},
+        {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+         "metadata": {"name": "claim", "namespace": namespace}, "spec": {"devices": {"requests": [request]}}},
+        {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+         "metadata": {"name": "lease", "namespace": namespace}, "spec": {"holderIdentity": "me"}},
+        {"apiVersion": "v1", "kind": "Node", "metadata": {"name": f"listed-{suffix}"}},
+    ]  # fmt: skip
+    kubectl.run("apply", "-f", "-", stdin=yaml.safe_dump_all(manifests))
+    return namespace
+
+
+@pytest.mark.parametrize(
+    ("resource", "columns", "name", "cells"),
+    [
+        ("nodes", ["NAME", "STATUS", "ROLES", "AGE", "VERSION"], "listed-", ["Unknown", "<none>"]),
+        ("namespaces", ["NAME", "STATUS", "AGE"], "columns-", ["Active"]),
+        ("resourceslices", ["NAME", "NODE", "DRIVER", "POOL", "AGE"], "slice-",
+         ["node-a", "gpu.example.com", "pool-a"]),
+        ("resourceclaims", ["NAME", "STATE", "AGE"], "claim", ["pending"]),
+        ("deviceclasses", ["NAME", "AGE"], "class-", []),
+        ("leases", ["NAME", "HOLDER", "AGE"], "lease", ["me"]),
+        ("configmaps", ["NAME", "DATA", "AGE"], "listed", ["1"]),
+    ],
+)  # fmt: skip
+def test_get_prints_the_columns_of_upstream_printers(
+    kubectl: Kubectl, listed: str, resource: str, columns: list[str], name: str, cells: list[str]
+) -> None:
+    lines = kubectl.run("get", resource, "-n", listed).stdout.splitlines()
+    assert _columns(lines[0]) == columns
+    if name.endswith("-"):
+        name += kubectl.suffix
+    (row,) = (_columns(line) for line in lines[1:] if _columns(line)[0] == name)
+    assert row[1 : 1 + len(cells)] == cells
