@@ -20,7 +20,7 @@ from driver.demo.objects import as_dict
 from driver.errors import ConflictError, NotFoundError
 from driver.kube import REQUEST_TIMEOUT_SECONDS, api_errors, new_api_client
 
-__all__ = ["BoundPod", "PodBinder"]
+__all__ = ["BoundPod", "PodBinder", "container_cdi_devices"]
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +41,9 @@ class BoundPod:
     claims: list[dict[str, str]] = field(default_factory=list)  # {namespace, name, uid}
     cdi_devices: list[str] = field(default_factory=list)
     error: str | None = None
+    # What the kubelet hands each container: the CDI devices of the claims it lists in
+    # resources.claims, and nothing of the pod's other claims.
+    container_cdi_devices: dict[str, list[str]] = field(default_factory=dict)
 
 
 def _allocation_node(allocation: dict[str, Any]) -> str | None:
@@ -49,6 +52,22 @@ def _allocation_node(allocation: dict[str, Any]) -> str | None:
             if field_req.get("key") == "metadata.name" and field_req.get("values"):
                 return str(field_req["values"][0])
     return None
+
+
+def container_cdi_devices(pod: dict[str, Any], by_claim: dict[str, list[str]]) -> dict[str, list[str]]:
+    """Per container (init containers too), the CDI device IDs the kubelet passes to the runtime:
+    those of the claims the container lists in ``resources.claims``, looked up through the pod's
+    ``spec.resourceClaims`` (pod-level name -> ResourceClaim name). ``by_claim``: ResourceClaim
+    name -> its prepared devices' CDI IDs."""
+    spec = pod.get("spec") or {}
+    claim_of = {ref["name"]: ref.get("resourceClaimName") or "" for ref in spec.get("resourceClaims") or ()}
+    devices: dict[str, list[str]] = {}
+    for container in [*(spec.get("initContainers") or ()), *(spec.get("containers") or ())]:
+        listed = ((container.get("resources") or {}).get("claims")) or ()
+        devices[container["name"]] = [
+            device for entry in listed for device in by_claim.get(claim_of.get(entry["name"], ""), [])
+        ]
+    return devices
 
 
 class PodBinder:
@@ -113,6 +132,8 @@ class PodBinder:
         namespace, name, pod_uid = metadata["namespace"], metadata["name"], metadata["uid"]
         claims = []
         node = None
+        if not pod["spec"].get("resourceClaims"):
+            node = next(iter(sorted(self._kubelets)), None)  # no claim: any node will do
         for ref in pod["spec"].get("resourceClaims") or []:
             claim_name = ref.get("resourceClaimName")
             if not claim_name:
@@ -149,8 +170,9 @@ class PodBinder:
                 _request_timeout=REQUEST_TIMEOUT_SECONDS,
                 _preload_content=False,  # the client cannot decode the Status the server answers with
             )
-        answer = self._kubelets[node].prepare(refs)
+        answer = self._kubelets[node].prepare(refs) if refs else {}
         cdi_devices: list[str] = []
+        by_claim: dict[str, list[str]] = {}
         errors = []
         for ref in refs:
             result = answer.get(ref["uid"]) or {}
@@ -158,7 +180,9 @@ class PodBinder:
                 errors.append(f"{ref['name']}: {result['error']}")
             for device in result.get("devices", []):
                 cdi_devices.extend(device.get("cdi_device_ids", []))
+                by_claim.setdefault(ref["name"], []).extend(device.get("cdi_device_ids", []))
         bound = BoundPod(name, pod_uid, node, refs, cdi_devices, "; ".join(errors) or None)
+        bound.container_cdi_devices = container_cdi_devices(pod, by_claim)
         phase = "Failed" if errors else "Running"
         with api_errors(f"update status of Pod {namespace}/{name}"):
             core.patch_namespaced_pod(

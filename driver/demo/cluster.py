@@ -11,6 +11,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -42,6 +43,11 @@ class DemoNode:
     process: subprocess.Popen[bytes] | None = None
     log_file: IO[bytes] | None = None
     kubelet: Any = None
+    metrics_port: int = 0  # the agent's /metrics on 127.0.0.1
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
     @property
     def registry_dir(self) -> Path:
@@ -66,6 +72,12 @@ class FakeCluster:
     controller: subprocess.Popen[bytes] | None = None
     controller_log: IO[bytes] | None = None
     kubeconfig: Path | None = None
+    dcgm_metrics: bool = True  # agents also emit dcgm-exporter's names (the conformance evidence)
+    controller_metrics_port: int = 0
+
+    @property
+    def controller_metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.controller_metrics_port}/metrics"
 
     # ---- lifecycle -------------------------------------------------------------------------
     def start_api(self) -> client.Configuration:
@@ -102,7 +114,9 @@ class FakeCluster:
     def start_agents(self) -> None:
         assert self.kubeconfig is not None
         for name, profile, zone in self.nodes_spec:
-            node = DemoNode(name=name, profile=profile, zone=zone, root=self.runtime_dir / name)
+            node = DemoNode(
+                name=name, profile=profile, zone=zone, root=self.runtime_dir / name, metrics_port=_free_port()
+            )
             for directory in (node.registry_dir, node.plugin_dir.parent, node.cdi_root):
                 directory.mkdir(parents=True, exist_ok=True)
             node.log_file = open(self.runtime_dir / f"agent-{name}.log", "wb")  # noqa: SIM115 - closed in close()
@@ -127,7 +141,10 @@ class FakeCluster:
                     "--kubeconfig",
                     str(self.kubeconfig),
                     "--metrics-port",
-                    "0",
+                    str(node.metrics_port),
+                    "--metrics-host",
+                    "127.0.0.1",
+                    *(["--dcgm-metrics"] if self.dcgm_metrics else []),
                     "--log-format",
                     "json",
                 ],
@@ -160,6 +177,7 @@ class FakeCluster:
     def start_controller(self) -> None:
         assert self.kubeconfig is not None
         self.controller_log = open(self.runtime_dir / "controller.log", "wb")  # noqa: SIM115 - closed in close()
+        self.controller_metrics_port = _free_port()
         self.controller = subprocess.Popen(
             [
                 sys.executable,
@@ -171,7 +189,9 @@ class FakeCluster:
                 "--policy",
                 self.policy,
                 "--metrics-port",
-                "0",
+                str(self.controller_metrics_port),
+                "--metrics-host",
+                "127.0.0.1",
                 "--log-format",
                 "json",
             ],
@@ -213,6 +233,13 @@ class FakeCluster:
             [self.controller] if self.controller else []
         )
         return [p.pid for p in processes]
+
+
+def _free_port() -> int:
+    """A loopback port free right now (the child binds it a moment later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 def _child_env() -> dict[str, str]:

@@ -85,6 +85,8 @@ class FakeNVML:
 
     def __init__(self, inventory: NodeInventory) -> None:
         self._total = {gpu.uuid: gpu.memory_bytes for gpu in inventory.gpus}
+        self._driver_version = inventory.driver_version or ""
+        self._cuda_driver_version = inventory.cuda_driver_version or "0.0.0"
         self._processes: dict[int, FakeProcess] = {}
         self._lock = threading.Lock()
         self._sample_clock = 0  # a counter, not a clock: each start_process is a newer sample
@@ -106,6 +108,14 @@ class FakeNVML:
             return [p for p in self._processes.values() if p.gpu_uuid == uuid]
 
     # -- the pynvml surface ------------------------------------------------------------------------
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        return self._driver_version
+
+    def nvmlSystemGetCudaDriverVersion(self) -> int:
+        """NVML's encoding: 12040 for CUDA 12.4."""
+        major, minor, *_ = (int(part) for part in self._cuda_driver_version.split("."))
+        return major * 1000 + minor * 10
 
     def nvmlDeviceGetHandleByUUID(self, uuid: str | bytes) -> _Handle:
         text = uuid.decode() if isinstance(uuid, bytes) else uuid
