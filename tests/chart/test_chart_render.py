@@ -100,8 +100,10 @@ def test_renders_every_component(values_name: str) -> None:
         "Role": 1,
         "RoleBinding": 1,
         "DeviceClass": 2,
-        "ValidatingAdmissionPolicy": 1,
-        "ValidatingAdmissionPolicyBinding": 1,
+        # The agent's ResourceSlices, the controller's pods and claims (the agent's claim-status
+        # policy only before 1.36; Helm renders offline for 1.36).
+        "ValidatingAdmissionPolicy": 3,
+        "ValidatingAdmissionPolicyBinding": 3,
         "PodDisruptionBudget": 1,
     }.items():
         assert kinds.count(kind) == count, f"{values_name}: {kind} x{kinds.count(kind)}"
@@ -407,8 +409,8 @@ def test_class_level_gpu_config() -> None:
 
 
 def test_admission_policy_pins_the_agent_to_its_node(default: list[dict[str, Any]]) -> None:
-    policy = one(default, "ValidatingAdmissionPolicy")
-    binding = one(default, "ValidatingAdmissionPolicyBinding")
+    policy = one(default, "ValidatingAdmissionPolicy", "-resourceslices")
+    binding = one(default, "ValidatingAdmissionPolicyBinding", "-resourceslices")
     assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
     spec = policy["spec"]
     assert spec["failurePolicy"] == "Fail"
