@@ -11,7 +11,13 @@ from kubernetes.utils.quantity import parse_quantity
 
 from driver import DRIVER_NAME
 
-__all__ = ["GPUUsage", "compute_gpu_usage", "render_usage_table", "write_packing_png"]
+__all__ = [
+    "GPUUsage",
+    "compute_gpu_usage",
+    "render_scrape_excerpt",
+    "render_usage_table",
+    "write_packing_png",
+]
 
 GIB = 1024**3
 
@@ -144,3 +150,48 @@ def write_packing_png(usage: list[GPUUsage], path: Path, title: str) -> Path:
     figure.savefig(path, dpi=110)
     plt.close(figure)
     return path
+
+
+_SCRAPE_FAMILIES = (
+    "fractional_gpu_utilization_ratio",
+    "fractional_gpu_memory_used_bytes",
+    "fractional_gpu_memory_total_bytes",
+    "fractional_gpu_temperature_celsius",
+    "fractional_gpu_power_watts",
+    "fractional_share_memory_allocated_bytes",
+    "fractional_share_compute_allocated_percent",
+    "fractional_share_memory_used_bytes",
+    "fractional_share_compute_used_percent",
+    "DCGM_FI_DEV_GPU_UTIL",
+    "DCGM_FI_DEV_FB_USED",
+)
+
+
+def render_scrape_excerpt(exposition: str, *, node: str, gpu: str, pod: str) -> list[str]:
+    """The lines of one /metrics scrape (Prometheus text) about one GPU and one pod's share on it:
+    the per-GPU series of ``node``/``gpu``, the pod's per-share series, and its dcgm-exporter twins."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    uuid = ""
+    lines: list[str] = []
+    samples = [s for family in text_string_to_metric_families(exposition) for s in family.samples]
+    for sample in samples:
+        if sample.labels.get("node") == node and sample.labels.get("gpu") == gpu and "uuid" in sample.labels:
+            uuid = sample.labels["uuid"]
+            break
+    for name in _SCRAPE_FAMILIES:
+        for sample in samples:
+            labels = sample.labels
+            if sample.name != name:
+                continue
+            if name.startswith("fractional_gpu_"):
+                keep = labels.get("node") == node and labels.get("gpu") == gpu
+            elif name.startswith("fractional_share_"):
+                keep = labels.get("pod") == pod and labels.get("gpu") == gpu
+            else:
+                keep = labels.get("pod") == pod and labels.get("UUID") == uuid
+            if keep:
+                text = ",".join(f'{key}="{value}"' for key, value in labels.items())
+                value = int(sample.value) if float(sample.value).is_integer() else round(sample.value, 3)
+                lines.append(f"{name}{{{text}}} {value}")
+    return lines

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO, cast
@@ -17,9 +18,14 @@ from kubernetes import client
 
 from driver.config import DemoConfig
 from driver.demo.binder import PodBinder
-from driver.demo.cluster import FakeCluster, wait_until
+from driver.demo.cluster import DemoNode, FakeCluster, wait_until
 from driver.demo.objects import as_dict, build_claim, build_pod, gpu_request, nic_request
-from driver.demo.report import compute_gpu_usage, render_usage_table, write_packing_png
+from driver.demo.report import (
+    compute_gpu_usage,
+    render_scrape_excerpt,
+    render_usage_table,
+    write_packing_png,
+)
 from driver.kube import REQUEST_TIMEOUT_SECONDS, new_api_client
 
 __all__ = ["SCENARIOS", "Scenario", "run_demo"]
@@ -165,6 +171,9 @@ class _Demo:
         binder.start(self.binder_stop)
         self.binder = binder
         self.say(f"allocation controller started (policy {self.cluster.policy})")
+        for node in self.cluster.nodes:
+            self.say(f"metrics of node agent {node.name}: {node.metrics_url}")
+        self.say(f"metrics of the allocation controller: {self.cluster.controller_metrics_url}")
 
         # 1. inference shares, packed
         names = [f"infer-{i}" for i in range(s.inference_pods)]
@@ -233,6 +242,18 @@ class _Demo:
         self._report(names[:1] + names[2:] + [newcomer], binder)
         return 0
 
+    def _report_scrape(self, node: DemoNode, pod: str, claim_name: str) -> None:
+        results = self.allocation_of(claim_name)
+        if not results:
+            return
+        lines = render_scrape_excerpt(
+            _scrape(node.metrics_url), node=node.name, gpu=results[0]["device"], pod=pod
+        )
+        self.out.write(f"one scrape of {node.metrics_url} (GPU {results[0]['device']} and pod {pod}):\n")
+        for line in lines:
+            self.out.write(f"  {line}\n")
+        self.out.write("\n")
+
     def _gang_event(self, gang: str) -> str | None:
         events = self.core.list_namespaced_event(NAMESPACE, _request_timeout=REQUEST_TIMEOUT_SECONDS)
         for event in events.items:
@@ -260,6 +281,7 @@ class _Demo:
             for line in env:
                 self.out.write(f"  {line}\n")
             self.out.write("\n")
+            self._report_scrape(node, sample.name, sample.claims[0]["name"])
         inference_gpus = {
             (r["pool"], r["device"]) for n in inference for r in self.allocation_of(f"{n}-claim")
         }
@@ -273,6 +295,11 @@ class _Demo:
             f"fractional-dra demo: {len(inference)} inference shares on {len(inference_gpus)} GPUs",
         )
         self.out.write(f"packing picture written to {picture.resolve()}\n")
+
+
+def _scrape(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=REQUEST_TIMEOUT_SECONDS) as answer:
+        return str(answer.read().decode("utf-8"))
 
 
 def _cdi_environment(cdi_root: Path, claim_uid: str) -> list[str]:

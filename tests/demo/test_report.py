@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from driver.demo.report import compute_gpu_usage, render_usage_table, write_packing_png
+from driver.demo.report import compute_gpu_usage, render_scrape_excerpt, render_usage_table, write_packing_png
 from driver.inventory.discover import discover_inventory
 from driver.slices import build_resource_slices
 
@@ -47,3 +47,36 @@ def test_usage_counts_shares_and_whole_gpus(tmp_path: Path) -> None:
     assert "2 shares" in table and "whole GPU" in table
     picture = write_packing_png(list(usage.values()), tmp_path / "p.png", "test")
     assert picture.read_bytes().startswith(b"\x89PNG")
+
+
+_GPU0 = 'node="node-a",gpu="gpu-0",uuid="GPU-0",product="L4"'
+_SHARE = 'node="node-a",namespace="demo",container="",gpu="gpu-0",uuid="GPU-0"'
+_DCGM = (
+    'gpu="{0}",UUID="GPU-{0}",pci_bus_id="0000:0{0}:00.0",device="nvidia{0}",modelName="L4",Hostname="node-a"'
+)
+SCRAPE = "\n".join(
+    [
+        "# TYPE fractional_gpu_utilization_ratio gauge",
+        f"fractional_gpu_utilization_ratio{{{_GPU0}}} 0.25",
+        'fractional_gpu_utilization_ratio{node="node-a",gpu="gpu-1",uuid="GPU-1",product="L4"} 0.0',
+        "# TYPE fractional_share_memory_allocated_bytes gauge",
+        f'fractional_share_memory_allocated_bytes{{{_SHARE},pod="infer-0",claim="c0"}} 1.2884901888e+010',
+        f'fractional_share_memory_allocated_bytes{{{_SHARE},pod="infer-2",claim="c2"}} 1.2884901888e+010',
+        "# TYPE DCGM_FI_DEV_GPU_UTIL gauge",
+        f'DCGM_FI_DEV_GPU_UTIL{{{_DCGM.format(0)},namespace="demo",pod="infer-0",container=""}} 25.0',
+        f'DCGM_FI_DEV_GPU_UTIL{{{_DCGM.format(1)},namespace="",pod="",container=""}} 0.0',
+        "",
+    ]
+)
+
+
+def test_scrape_excerpt_keeps_one_gpu_and_one_pod() -> None:
+    lines = render_scrape_excerpt(SCRAPE, node="node-a", gpu="gpu-0", pod="infer-0")
+    assert [line.split("{")[0] for line in lines] == [
+        "fractional_gpu_utilization_ratio",
+        "fractional_share_memory_allocated_bytes",
+        "DCGM_FI_DEV_GPU_UTIL",
+    ]
+    assert lines[0].endswith("} 0.25") and 'gpu="gpu-0"' in lines[0]
+    assert 'pod="infer-0"' in lines[1] and lines[1].endswith("} 12884901888")
+    assert 'UUID="GPU-0"' in lines[2] and 'pod="infer-0"' in lines[2] and lines[2].endswith("} 25")
