@@ -1,0 +1,1042 @@
+"""The chart's ValidatingAdmissionPolicies allow what our components write and deny the rest.
+
+The chart is rendered with real Helm, the policies are taken from it and evaluated with
+``admission_support.evaluate`` (kube-apiserver's steps, Python CEL) against requests built as
+kube-apiserver builds them. Objects are shaped as the API server stores them and, for the
+writes our code makes, produced by the code itself (the controller's ``ApiWriter``, the agent's
+status merge functions) and then by a model of the API server's update rules for the resource
+(``_server_update``), so the test notices when the code starts writing something a policy forbids.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from admission_support import Decision, admission_request, apply_merge_patch, evaluate, service_account_user
+from chart_support import KUBE_VERSIONS, NAMESPACE, RELEASE, render_chart, validate_strict
+from kubernetes import client
+
+from driver.controller.events import PROVISIONING_ANNOTATION, PROVISIONING_CLASS_ANNOTATION
+from driver.controller.objects import FINALIZER, GATE, HINT_ANNOTATION
+from driver.controller.writer import ApiWriter
+from driver.plugin.status import merge_device_statuses, without_driver_statuses
+
+Obj = dict[str, Any]
+
+NODE = "gpu-node-1"
+OTHER_NODE = "gpu-node-2"
+DRIVER = "fractional.dev"
+OTHER_DRIVER = "nic.example.com"
+
+
+# -- the rendered policies ------------------------------------------------------------------------
+
+
+def _policies(values: Obj | None) -> dict[str, Obj]:
+    objects = render_chart(values)
+    policies = {o["metadata"]["name"]: o for o in objects if o["kind"] == "ValidatingAdmissionPolicy"}
+    bindings = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicyBinding"]
+    assert sorted(b["spec"]["policyName"] for b in bindings) == sorted(policies)
+    for binding in bindings:
+        assert binding["spec"] == {"policyName": binding["spec"]["policyName"], "validationActions": ["Deny"]}
+    for policy in policies.values():
+        assert policy["spec"]["failurePolicy"] == "Fail"
+    return policies
+
+
+@pytest.fixture(scope="module")
+def rendered() -> dict[str, Obj]:
+    """All policies: the agent's claim-status policy is rendered on request (agentClaimStatus=policy)."""
+    return _policies({"admissionPolicy": {"agentClaimStatus": "policy"}})
+
+
+@pytest.fixture(scope="module")
+def accounts() -> dict[str, str]:
+    return {
+        o["metadata"]["labels"]["app.kubernetes.io/component"]: o["metadata"]["name"]
+        for o in render_chart(None)
+        if o["kind"] == "ServiceAccount"
+    }
+
+
+def _policy(rendered: dict[str, Obj], suffix: str) -> Obj:
+    (name,) = [name for name in rendered if name.endswith(suffix)]
+    return rendered[name]
+
+
+def test_which_policies_render_for_which_version() -> None:
+    """auto: the agent's claim-status policy only before 1.36 (Helm's offline default is 1.36)."""
+    default = _policies(None)
+    assert sorted(name.removeprefix(f"{RELEASE}-") for name in default) == [
+        "agent-resourceslices",
+        "controller-claims",
+        "controller-pods",
+    ]
+    assert any(
+        name.endswith("-agent-claim-status")
+        for name in _policies({"admissionPolicy": {"agentClaimStatus": "policy"}})
+    )
+    assert not any(
+        name.endswith("-claim-status")
+        for name in _policies({"admissionPolicy": {"agentClaimStatus": "authorizer"}})
+    )
+    assert _policies({"admissionPolicy": {"enabled": False}}) == {}
+    controllerless = _policies({"controller": {"enabled": False}})
+    assert not any("-controller-" in name for name in controllerless)
+
+
+@pytest.mark.parametrize("version", KUBE_VERSIONS)
+def test_every_policy_validates_strictly(rendered: dict[str, Obj], version: str) -> None:
+    """Also the claim-status policy, which the default rendering (for 1.36) leaves out."""
+    objects = render_chart({"admissionPolicy": {"agentClaimStatus": "policy"}})
+    admission = [o for o in objects if o["kind"].startswith("ValidatingAdmissionPolicy")]
+    assert len(admission) == 2 * len(rendered) == 8
+    for obj in admission:
+        validate_strict(obj, version)
+
+
+def test_the_policies_name_what_the_code_writes(rendered: dict[str, Obj]) -> None:
+    pods = json.dumps(_policy(rendered, "-controller-pods"))
+    for name in (GATE, HINT_ANNOTATION, PROVISIONING_ANNOTATION, PROVISIONING_CLASS_ANNOTATION):
+        assert name in pods
+    assert FINALIZER in json.dumps(_policy(rendered, "-controller-claims"))
+
+
+def test_no_optional_syntax_or_kubernetes_only_functions(rendered: dict[str, Obj]) -> None:
+    """The Python evaluator would reject these; the chart keeps to the shared CEL subset."""
+    text = json.dumps(rendered)
+    for construct in (".?", "[?", "orValue", "cel.bind", ".join("):
+        assert construct not in text
+
+
+# -- objects as the API server stores them ---------------------------------------------------------
+
+
+def gated_pod() -> Obj:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "train-0",
+            "namespace": "team-a",
+            "uid": "0b6f4a52-7c1e-4d55-9b8a-3f0f4f5b8e11",
+            "resourceVersion": "4711",
+            "generation": 1,
+            "creationTimestamp": "2026-11-30T10:00:00Z",
+            "labels": {"fractional.dev/gang": "train", "app": "train"},
+            "annotations": {"fractional.dev/gang-size": "2", "team.example.com/owner": "alice"},
+            "ownerReferences": [
+                {
+                    "apiVersion": "batch/v1",
+                    "kind": "Job",
+                    "name": "train",
+                    "uid": "6d1c9a3e-51a2-4a57-8d3c-2b1f8f2d0a77",
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+            "managedFields": [
+                {
+                    "manager": "kube-controller-manager",
+                    "operation": "Update",
+                    "apiVersion": "v1",
+                    "time": "2026-11-30T10:00:00Z",
+                    "fieldsType": "FieldsV1",
+                    "fieldsV1": {"f:metadata": {"f:labels": {}}},
+                }
+            ],
+        },
+        "spec": {
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "ghcr.io/team-a/train:1.0",
+                    "resources": {"claims": [{"name": "gpu"}]},
+                    "terminationMessagePath": "/dev/termination-log",
+                    "terminationMessagePolicy": "File",
+                    "imagePullPolicy": "IfNotPresent",
+                }
+            ],
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "gpu-share"}],
+            "schedulingGates": [{"name": GATE}, {"name": "example.com/quota-check"}],
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 30,
+            "dnsPolicy": "ClusterFirst",
+            "serviceAccountName": "default",
+            "securityContext": {},
+            "schedulerName": "default-scheduler",
+            "tolerations": [
+                {
+                    "key": "node.kubernetes.io/not-ready",
+                    "operator": "Exists",
+                    "effect": "NoExecute",
+                    "tolerationSeconds": 300,
+                }
+            ],
+            "priority": 0,
+            "enableServiceLinks": True,
+            "preemptionPolicy": "PreemptLowerPriority",
+        },
+        "status": {
+            "phase": "Pending",
+            "conditions": [
+                {
+                    "type": "PodScheduled",
+                    "status": "False",
+                    "lastProbeTime": None,
+                    "lastTransitionTime": "2026-11-30T10:00:00Z",
+                    "reason": "SchedulingGated",
+                    "message": "Scheduling is blocked due to non-empty scheduling gates",
+                }
+            ],
+            "qosClass": "BestEffort",
+        },
+    }
+
+
+def allocation(node: str = NODE) -> Obj:
+    return {
+        "devices": {
+            "results": [
+                {
+                    "request": "gpu",
+                    "driver": DRIVER,
+                    "pool": node,
+                    "device": "gpu-0",
+                    "shareID": "4f6e8e5a-1c1d-4e8b-9f0e-7a1b2c3d4e5f",
+                    "consumedCapacity": {"memory": "8Gi", "compute": "25"},
+                },
+                {"request": "nic", "driver": OTHER_DRIVER, "pool": node, "device": "eth1"},
+            ]
+        },
+        "nodeSelector": {
+            "nodeSelectorTerms": [
+                {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+            ]
+        },
+    }
+
+
+def claim(
+    *, allocated: bool = False, devices: list[Obj] | None = None, finalizers: list[str] | None = None
+) -> Obj:
+    obj: Obj = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {
+            "name": "train-0-gpu-x2k9q",
+            "namespace": "team-a",
+            "uid": "9a7f3c1e-2b4d-4e6f-8a0b-1c2d3e4f5a6b",
+            "resourceVersion": "5120",
+            "generation": 1,
+            "creationTimestamp": "2026-11-30T10:00:01Z",
+            "annotations": {"resource.kubernetes.io/pod-claim-name": "gpu"},
+            "finalizers": finalizers
+            if finalizers is not None
+            else ["resource.kubernetes.io/delete-protection"],
+            "ownerReferences": [
+                {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "name": "train-0",
+                    "uid": "0b6f4a52-7c1e-4d55-9b8a-3f0f4f5b8e11",
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "gpu",
+                        "exactly": {
+                            "deviceClassName": "gpu.fractional.dev",
+                            "allocationMode": "ExactCount",
+                            "count": 1,
+                            "capacity": {"requests": {"memory": "8Gi", "compute": "25"}},
+                        },
+                    },
+                    {
+                        "name": "nic",
+                        "exactly": {
+                            "deviceClassName": "nic.example.com",
+                            "allocationMode": "ExactCount",
+                            "count": 1,
+                        },
+                    },
+                ]
+            }
+        },
+    }
+    status: Obj = {}
+    if allocated:
+        status["allocation"] = allocation()
+    if devices:
+        status["devices"] = devices
+    if status:
+        obj["status"] = status
+    return obj
+
+
+def device_status(driver: str = DRIVER, pool: str = NODE, device: str = "gpu-0", **extra: Any) -> Obj:
+    entry: Obj = {"driver": driver, "pool": pool, "device": device}
+    if driver == DRIVER and device.startswith("gpu"):
+        entry["shareID"] = "4f6e8e5a-1c1d-4e8b-9f0e-7a1b2c3d4e5f"
+    entry["conditions"] = [
+        {
+            "type": "Ready",
+            "status": "True",
+            "observedGeneration": 1,
+            "lastTransitionTime": "2026-11-30T10:00:05Z",
+            "reason": "Prepared",
+            "message": "",
+        }
+    ]
+    entry.update(extra)
+    return entry
+
+
+# -- kube-apiserver's update rules (the parts admission sees) --------------------------------------
+
+
+def _server_update(old: Obj, written: Obj, *, resource: str, subresource: str = "") -> Obj:
+    """The object admission sees for an update: the written body after the resource's strategy
+    (pkg/registry/core/pod/strategy.go, pkg/registry/resource/resourceclaim/strategy.go
+    PrepareForUpdate), with the API server's own metadata moves."""
+    new = copy.deepcopy(written)
+    if resource == "pods":
+        new["status"] = copy.deepcopy(old.get("status"))  # a main-resource update keeps the status
+    elif resource == "resourceclaims" and subresource == "status":
+        new["spec"] = copy.deepcopy(old["spec"])
+        for key in (
+            "labels",
+            "annotations",
+            "finalizers",
+            "ownerReferences",
+            "deletionTimestamp",
+            "generation",
+        ):
+            if key in old["metadata"]:
+                new["metadata"][key] = copy.deepcopy(old["metadata"][key])
+            else:
+                new["metadata"].pop(key, None)
+        # dropDeallocatedStatusDevices: entries of devices no longer allocated go.
+        allocated = {
+            (r["driver"], r["pool"], r["device"])
+            for r in ((new.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results", [])
+        }
+        status = new.get("status") or {}
+        kept = [d for d in status.get("devices", []) if (d["driver"], d["pool"], d["device"]) in allocated]
+        if kept:
+            status["devices"] = kept
+        else:
+            status.pop("devices", None)
+    elif resource == "resourceclaims":
+        if "status" in old:
+            new["status"] = copy.deepcopy(old["status"])
+        else:
+            new.pop("status", None)
+    if resource == "pods" and new.get("spec") != old.get("spec"):
+        new["metadata"]["generation"] = (
+            old["metadata"].get("generation", 1) + 1
+        )  # PodObservedGenerationTracking
+    new["metadata"]["managedFields"] = [
+        *old["metadata"].get("managedFields", []),
+        {
+            "manager": "fractional",
+            "operation": "Update",
+            "apiVersion": new["apiVersion"],
+            "time": "2026-11-30T10:01:00Z",
+            "fieldsType": "FieldsV1",
+            "fieldsV1": {},
+            **({"subresource": subresource} if subresource else {}),
+        },
+    ]
+    return new
+
+
+def _decide(
+    policy: Obj,
+    user: Obj,
+    *,
+    old: Obj | None,
+    obj: Obj | None,
+    operation: str = "UPDATE",
+    subresource: str = "",
+) -> Decision:
+    source = obj if obj is not None else old
+    assert source is not None
+    group = source["apiVersion"].split("/")[0] if "/" in source["apiVersion"] else ""
+    resource = {"Pod": "pods", "ResourceClaim": "resourceclaims", "ResourceSlice": "resourceslices"}[
+        source["kind"]
+    ]
+    request = admission_request(
+        user=user,
+        operation=operation,
+        group=group,
+        resource=resource,
+        subresource=subresource,
+        meta=source["metadata"],
+    )
+    return evaluate(policy, request, obj=obj, old=old)
+
+
+# -- the controller's writes, made by its own code ---------------------------------------------------
+
+
+class _Recorder:
+    """Stands in for CoreV1Api/ResourceV1Api under ApiWriter: records each write, answers with
+    the body (the writer only decodes the answer)."""
+
+    def __init__(self, _api_client: Any = None) -> None:
+        self.calls: list[tuple[str, Obj]] = []
+
+    def _answer(self, method: str, body: Obj) -> SimpleNamespace:
+        self.calls.append((method, copy.deepcopy(body)))
+        return SimpleNamespace(data=json.dumps(body).encode())
+
+    def __getattr__(self, method: str) -> Callable[..., SimpleNamespace]:
+        if not method.startswith(("replace_", "patch_")):
+            raise AttributeError(method)
+
+        def call(name: str, namespace: str, body: Obj, **_: Any) -> SimpleNamespace:
+            return self._answer(method, body)
+
+        return call
+
+
+@pytest.fixture
+def writer(monkeypatch: pytest.MonkeyPatch) -> tuple[ApiWriter, list[_Recorder]]:
+    recorders: list[_Recorder] = []
+
+    def factory(api_client: Any = None) -> _Recorder:
+        recorder = _Recorder(api_client)
+        recorders.append(recorder)
+        return recorder
+
+    monkeypatch.setattr(client, "CoreV1Api", factory)
+    monkeypatch.setattr(client, "ResourceV1Api", factory)
+    return ApiWriter(client.ApiClient(client.Configuration())), recorders
+
+
+def _the_write(recorders: list[_Recorder]) -> tuple[str, Obj]:
+    calls = [call for recorder in recorders for call in recorder.calls]
+    assert len(calls) == 1, calls
+    for recorder in recorders:
+        recorder.calls.clear()
+    return calls[0]
+
+
+def _admitted(method: str, body: Obj, old: Obj) -> tuple[Obj, str]:
+    """(the object admission sees, subresource) for one recorded client call."""
+    resource = "pods" if "pod" in method else "resourceclaims"
+    subresource = "status" if method.endswith("_status") else ""
+    written = apply_merge_patch(old, body) if method.startswith("patch_") else body
+    return _server_update(old, written, resource=resource, subresource=subresource), subresource
+
+
+def test_the_controllers_own_writes_pass(
+    rendered: dict[str, Obj], accounts: dict[str, str], writer: tuple[ApiWriter, list[_Recorder]]
+) -> None:
+    api, recorders = writer
+    user = service_account_user(NAMESPACE, accounts["controller"])
+    pods = _policy(rendered, "-controller-pods")
+    claims = _policy(rendered, "-controller-claims")
+    decisions = {}
+
+    def record(name: str, policy: Obj, old: Obj) -> Obj:
+        method, body = _the_write(recorders)
+        obj, subresource = _admitted(method, body, old)
+        decisions[name] = _decide(policy, user, old=old, obj=obj, subresource=subresource)
+        return obj
+
+    pod = gated_pod()
+    api.annotate_pod(
+        pod,
+        {
+            HINT_ANNOTATION: '{"nodes":1}',
+            PROVISIONING_ANNOTATION: "pr-1",
+            PROVISIONING_CLASS_ANNOTATION: "best-effort",
+        },
+    )
+    hinted = record("annotate", pods, pod)
+    api.annotate_pod(hinted, {HINT_ANNOTATION: None})
+    record("remove hint", pods, hinted)
+    api.ungate_pod(pod)
+    ungated = record("ungate", pods, pod)
+    assert ungated["spec"]["schedulingGates"] == [{"name": "example.com/quota-check"}]
+
+    fresh = claim()
+    api.add_finalizer(fresh)
+    guarded = record("add finalizer", claims, fresh)
+    api.write_allocation(guarded, allocation())
+    allocated = record("allocate", claims, guarded)
+    prepared = copy.deepcopy(allocated)
+    prepared["status"]["devices"] = [device_status(), device_status(OTHER_DRIVER, device="eth1")]
+    api.clear_allocation(prepared)
+    cleared = record("deallocate", claims, prepared)
+    assert "allocation" not in cleared.get("status", {})
+    api.remove_finalizer(cleared)
+    record("remove finalizer", claims, cleared)
+
+    assert {name: d for name, d in decisions.items() if not (d.applies and d.allowed)} == {}
+
+
+# -- controller: pods ------------------------------------------------------------------------------
+
+
+def only_our_gate() -> Obj:
+    pod = gated_pod()
+    pod["spec"]["schedulingGates"] = [{"name": GATE}]
+    return pod
+
+
+def annotate(key: str, value: str | None) -> Callable[[Obj], None]:
+    def change(pod: Obj) -> None:
+        if value is None:
+            pod["metadata"]["annotations"].pop(key)
+        else:
+            pod["metadata"]["annotations"][key] = value
+
+    return change
+
+
+def in_spec(key: str, value: Any) -> Callable[[Obj], None]:
+    def change(pod: Obj) -> None:
+        if value is None:
+            pod["spec"].pop(key)
+        else:
+            pod["spec"][key] = value
+
+    return change
+
+
+def in_metadata(key: str, value: Any) -> Callable[[Obj], None]:
+    def change(pod: Obj) -> None:
+        if value is None:
+            pod["metadata"].pop(key)
+        else:
+            pod["metadata"][key] = value
+
+    return change
+
+
+def with_hint() -> Obj:
+    pod = gated_pod()
+    pod["metadata"]["annotations"][HINT_ANNOTATION] = '{"nodes":1}'
+    return pod
+
+
+# name -> (stored pod, change)
+POD_ALLOWED: dict[str, tuple[Callable[[], Obj], Callable[[Obj], None]]] = {
+    "remove our gate, another stays": (
+        gated_pod,
+        in_spec("schedulingGates", [{"name": "example.com/quota-check"}]),
+    ),
+    "remove our gate, the only one": (only_our_gate, in_spec("schedulingGates", None)),
+    "add the scale-up hint": (gated_pod, annotate(HINT_ANNOTATION, '{"nodes":2}')),
+    "change the scale-up hint": (with_hint, annotate(HINT_ANNOTATION, '{"nodes":3}')),
+    "remove the scale-up hint": (with_hint, annotate(HINT_ANNOTATION, None)),
+    "add the provisioning annotations": (
+        gated_pod,
+        lambda pod: pod["metadata"]["annotations"].update(
+            {PROVISIONING_ANNOTATION: "pr-1", PROVISIONING_CLASS_ANNOTATION: "best-effort"}
+        ),
+    ),
+    "nothing (a repeated write)": (gated_pod, lambda pod: None),
+}
+
+
+def _image(pod: Obj) -> None:
+    pod["spec"]["containers"][0]["image"] = "evil.example.com/miner:latest"
+
+
+def _ungate_and_change_the_image(pod: Obj) -> None:
+    pod["spec"]["schedulingGates"] = [{"name": "example.com/quota-check"}]
+    _image(pod)
+
+
+def _resources(pod: Obj) -> None:
+    pod["spec"]["containers"][0]["resources"] = {}
+
+
+# name -> (stored pod, change, a fragment of the denial)
+POD_FORBIDDEN: dict[str, tuple[Callable[[], Obj], Callable[[Obj], None], str]] = {
+    "change an image": (gated_pod, _image, "spec"),
+    "drop a container's claims": (gated_pod, _resources, "spec"),
+    "set nodeName": (gated_pod, in_spec("nodeName", "gpu-node-9"), "spec"),
+    "add a toleration": (
+        gated_pod,
+        in_spec("tolerations", [{"key": "nvidia.com/gpu", "operator": "Exists"}]),
+        "spec",
+    ),
+    "set activeDeadlineSeconds": (gated_pod, in_spec("activeDeadlineSeconds", 1), "spec"),
+    "add a nodeSelector": (
+        gated_pod,
+        in_spec("nodeSelector", {"kubernetes.io/hostname": "gpu-node-9"}),
+        "spec",
+    ),
+    "remove our gate and change the image": (
+        gated_pod,
+        _ungate_and_change_the_image,
+        "spec",
+    ),
+    "add a label": (gated_pod, lambda pod: pod["metadata"]["labels"].__setitem__("team", "b"), "metadata"),
+    "remove a label": (
+        gated_pod,
+        lambda pod: pod["metadata"]["labels"].pop("fractional.dev/gang"),
+        "metadata",
+    ),
+    "add a finalizer": (gated_pod, in_metadata("finalizers", ["example.com/hold"]), "metadata"),
+    "drop the owner reference": (gated_pod, in_metadata("ownerReferences", None), "metadata"),
+    "change another annotation": (gated_pod, annotate("team.example.com/owner", "mallory"), "annotations"),
+    "remove another annotation": (gated_pod, annotate("fractional.dev/gang-size", None), "annotations"),
+    "add a foreign annotation": (gated_pod, annotate("example.com/debug", "1"), "annotations"),
+    "add our hint and a foreign annotation": (
+        gated_pod,
+        lambda pod: pod["metadata"]["annotations"].update({HINT_ANNOTATION: "{}", "example.com/debug": "1"}),
+        "annotations",
+    ),
+    "remove another gate": (gated_pod, in_spec("schedulingGates", [{"name": GATE}]), "gate"),
+    "remove every gate": (gated_pod, in_spec("schedulingGates", None), "gate"),
+    "add a gate": (
+        gated_pod,
+        in_spec(
+            "schedulingGates", [{"name": GATE}, {"name": "example.com/quota-check"}, {"name": "x.io/hold"}]
+        ),
+        "gate",
+    ),
+    "re-add our gate": (
+        lambda: {
+            **gated_pod(),
+            "spec": {**gated_pod()["spec"], "schedulingGates": [{"name": "example.com/quota-check"}]},
+        },
+        in_spec("schedulingGates", [{"name": "example.com/quota-check"}, {"name": GATE}]),
+        "gate",
+    ),
+}
+
+
+def _pod_decision(
+    policy: Obj, user: Obj, stored: Callable[[], Obj], change: Callable[[Obj], None]
+) -> Decision:
+    old = stored()
+    new = copy.deepcopy(old)
+    change(new)
+    return _decide(policy, user, old=old, obj=_server_update(old, new, resource="pods"))
+
+
+@pytest.mark.parametrize("case", sorted(POD_ALLOWED))
+def test_controller_pod_write_allowed(rendered: dict[str, Obj], accounts: dict[str, str], case: str) -> None:
+    user = service_account_user(NAMESPACE, accounts["controller"])
+    decision = _pod_decision(_policy(rendered, "-controller-pods"), user, *POD_ALLOWED[case])
+    assert decision.applies and decision.allowed, decision
+
+
+@pytest.mark.parametrize("case", sorted(POD_FORBIDDEN))
+def test_controller_pod_write_forbidden(
+    rendered: dict[str, Obj], accounts: dict[str, str], case: str
+) -> None:
+    stored, change, fragment = POD_FORBIDDEN[case]
+    user = service_account_user(NAMESPACE, accounts["controller"])
+    decision = _pod_decision(_policy(rendered, "-controller-pods"), user, stored, change)
+    assert decision.applies and decision.errors == () and decision.denials, decision
+    assert any(fragment in message for message in decision.denials), decision
+
+
+def test_controller_pod_status_is_forbidden_even_if_the_server_kept_it(
+    rendered: dict[str, Obj], accounts: dict[str, str]
+) -> None:
+    """kube-apiserver drops status changes on a pod update; the policy denies them regardless."""
+    old = gated_pod()
+    new = copy.deepcopy(old)
+    new["status"]["phase"] = "Failed"
+    user = service_account_user(NAMESPACE, accounts["controller"])
+    decision = _decide(_policy(rendered, "-controller-pods"), user, old=old, obj=new)
+    assert decision.denials == ("the controller may not change a Pod's status",), decision
+
+
+def test_pod_policy_leaves_everyone_else_alone(rendered: dict[str, Obj], accounts: dict[str, str]) -> None:
+    old = gated_pod()
+    new = copy.deepcopy(old)
+    _image(new)
+    policy = _policy(rendered, "-controller-pods")
+    for user in (
+        service_account_user("kube-system", "job-controller"),
+        service_account_user(NAMESPACE, accounts["agent"], node=NODE),
+        {"username": "alice", "groups": ["system:authenticated"]},
+    ):
+        assert not _decide(policy, user, old=old, obj=new).applies
+    # Only updates of the pod itself: the controller holds no right to pods/status or deletes.
+    controller = service_account_user(NAMESPACE, accounts["controller"])
+    assert not _decide(policy, controller, old=old, obj=new, subresource="status").applies
+    assert not _decide(policy, controller, old=old, obj=None, operation="DELETE").applies
+
+
+# -- controller: claims ----------------------------------------------------------------------------
+
+
+def _claim_decision(
+    rendered: dict[str, Obj], accounts: dict[str, str], old: Obj, new: Obj, subresource: str
+) -> Decision:
+    user = service_account_user(NAMESPACE, accounts["controller"])
+    return _decide(_policy(rendered, "-controller-claims"), user, old=old, obj=new, subresource=subresource)
+
+
+def _claim_pair(
+    old: Obj, change: Callable[[Obj], None], subresource: str, *, server: bool = True
+) -> tuple[Obj, Obj]:
+    new = copy.deepcopy(old)
+    change(new)
+    if server:
+        new = _server_update(old, new, resource="resourceclaims", subresource=subresource)
+    return old, new
+
+
+def _reserve(claim_obj: Obj) -> None:
+    claim_obj["status"]["reservedFor"] = [
+        {"resource": "pods", "name": "intruder", "uid": "1f2e3d4c-0000-4000-8000-000000000001"}
+    ]
+
+
+def _clear_allocation_and_devices(claim_obj: Obj) -> None:
+    del claim_obj["status"]["allocation"], claim_obj["status"]["devices"]
+
+
+CLAIM_ALLOWED: dict[str, tuple[Callable[[], Obj], Callable[[Obj], None], str]] = {
+    "add our finalizer": (claim, lambda c: c["metadata"]["finalizers"].append(FINALIZER), ""),
+    "remove our finalizer": (
+        lambda: claim(finalizers=["resource.kubernetes.io/delete-protection", FINALIZER]),
+        lambda c: c["metadata"]["finalizers"].remove(FINALIZER),
+        "",
+    ),
+    "set the allocation": (
+        claim,
+        lambda c: c.setdefault("status", {}).__setitem__("allocation", allocation()),
+        "status",
+    ),
+    "clear the allocation and its device status": (
+        lambda: claim(allocated=True, devices=[device_status(), device_status(OTHER_DRIVER, device="eth1")]),
+        _clear_allocation_and_devices,
+        "status",
+    ),
+    "clear the allocation (the server drops the device status)": (
+        lambda: claim(allocated=True, devices=[device_status()]),
+        lambda c: c["status"].pop("allocation"),
+        "status",
+    ),
+}
+
+CLAIM_FORBIDDEN: dict[str, tuple[Callable[[], Obj], Callable[[Obj], None], str, str]] = {
+    "remove another finalizer": (
+        claim,
+        lambda c: c["metadata"]["finalizers"].remove("resource.kubernetes.io/delete-protection"),
+        "",
+        "finalizer",
+    ),
+    "add another finalizer": (
+        claim,
+        lambda c: c["metadata"]["finalizers"].append("example.com/hold"),
+        "",
+        "finalizer",
+    ),
+    "add a label": (claim, lambda c: c["metadata"].__setitem__("labels", {"x": "y"}), "", "metadata"),
+    "drop the owner reference": (claim, lambda c: c["metadata"].pop("ownerReferences"), "", "metadata"),
+    "replace the allocation": (
+        lambda: claim(allocated=True),
+        lambda c: c["status"].__setitem__("allocation", allocation(OTHER_NODE)),
+        "status",
+        "allocation",
+    ),
+    "reserve the claim for a pod": (lambda: claim(allocated=True), _reserve, "status", "reservedFor"),
+    "write status.devices": (
+        lambda: claim(allocated=True),
+        lambda c: c["status"].__setitem__("devices", [device_status()]),
+        "status",
+        "status.devices",
+    ),
+    "change another driver's device status": (
+        lambda: claim(allocated=True, devices=[device_status(OTHER_DRIVER, device="eth1")]),
+        lambda c: c["status"]["devices"][0].__setitem__("data", {"ip": "10.0.0.9"}),
+        "status",
+        "status.devices",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CLAIM_ALLOWED))
+def test_controller_claim_write_allowed(
+    rendered: dict[str, Obj], accounts: dict[str, str], case: str
+) -> None:
+    stored, change, subresource = CLAIM_ALLOWED[case]
+    old, new = _claim_pair(stored(), change, subresource)
+    decision = _claim_decision(rendered, accounts, old, new, subresource)
+    assert decision.applies and decision.allowed, decision
+
+
+@pytest.mark.parametrize("case", sorted(CLAIM_FORBIDDEN))
+def test_controller_claim_write_forbidden(
+    rendered: dict[str, Obj], accounts: dict[str, str], case: str
+) -> None:
+    stored, change, subresource, fragment = CLAIM_FORBIDDEN[case]
+    old, new = _claim_pair(stored(), change, subresource)
+    decision = _claim_decision(rendered, accounts, old, new, subresource)
+    assert decision.applies and decision.errors == () and decision.denials, decision
+    assert any(fragment in message for message in decision.denials), decision
+
+
+@pytest.mark.parametrize(
+    ("case", "change", "subresource", "fragment"),
+    [
+        ("spec through the main resource", lambda c: c["spec"]["devices"]["requests"].pop(), "", "spec"),
+        (
+            "status through the main resource",
+            lambda c: c.__setitem__("status", {"allocation": allocation()}),
+            "",
+            "status subresource",
+        ),
+        ("spec through status", lambda c: c["spec"]["devices"]["requests"].pop(), "status", "spec"),
+        ("finalizer through status", lambda c: c["metadata"]["finalizers"].clear(), "status", "finalizer"),
+    ],
+)
+def test_controller_claim_fields_the_server_resets_are_denied_anyway(
+    rendered: dict[str, Obj],
+    accounts: dict[str, str],
+    case: str,
+    change: Callable[[Obj], None],
+    subresource: str,
+    fragment: str,
+) -> None:
+    """kube-apiserver's strategy resets these before admission; the policy holds without it."""
+    old, new = _claim_pair(claim(), change, subresource, server=False)
+    decision = _claim_decision(rendered, accounts, old, new, subresource)
+    assert decision.applies and decision.errors == () and any(fragment in m for m in decision.denials), (
+        decision
+    )
+
+
+# -- agent: ResourceClaim status ------------------------------------------------------------------
+
+
+def _agent_status(
+    rendered: dict[str, Obj],
+    accounts: dict[str, str],
+    old: Obj,
+    devices: list[Obj] | None,
+    *,
+    node: str | None = NODE,
+) -> Decision:
+    new = copy.deepcopy(old)
+    status = new.setdefault("status", {})
+    if devices:
+        status["devices"] = devices
+    else:
+        status.pop("devices", None)
+    new = _server_update(old, new, resource="resourceclaims", subresource="status")
+    user = service_account_user(NAMESPACE, accounts["agent"], node=node)
+    return _decide(_policy(rendered, "-agent-claim-status"), user, old=old, obj=new, subresource="status")
+
+
+def _theirs() -> Obj:
+    return device_status(
+        OTHER_DRIVER, device="eth1", networkData={"interfaceName": "net1", "ips": ["10.0.0.5/24"]}
+    )
+
+
+def test_agent_writes_its_devices_status(rendered: dict[str, Obj], accounts: dict[str, str]) -> None:
+    """What driver/plugin/status.py writes after prepare and after unprepare passes."""
+    ours = [device_status(data={"memoryBytes": 8589934592, "backend": "mps"})]
+    first = claim(allocated=True)
+    assert _agent_status(rendered, accounts, first, merge_device_statuses([], ours)).allowed
+    # Another driver wrote first; ours go after its entries, theirs stay as they were.
+    shared = claim(allocated=True, devices=[_theirs()])
+    decision = _agent_status(rendered, accounts, shared, merge_device_statuses([_theirs()], ours))
+    assert decision.applies and decision.allowed, decision
+    # Rewritten (a new condition time), then removed after unprepare.
+    written = claim(allocated=True, devices=[device_status(), _theirs()])
+    changed = [
+        device_status(
+            conditions=[
+                {
+                    "type": "Ready",
+                    "status": "False",
+                    "lastTransitionTime": "2026-11-30T11:00:00Z",
+                    "reason": "Unhealthy",
+                    "message": "",
+                }
+            ]
+        )
+    ]
+    assert _agent_status(
+        rendered, accounts, written, merge_device_statuses([device_status(), _theirs()], changed)
+    ).allowed
+    removal = _agent_status(
+        rendered, accounts, written, without_driver_statuses([device_status(), _theirs()])
+    )
+    assert removal.applies and removal.allowed, removal
+    only_ours = claim(allocated=True, devices=[device_status()])
+    assert _agent_status(rendered, accounts, only_ours, without_driver_statuses([device_status()])).allowed
+
+
+AGENT_FORBIDDEN: dict[str, tuple[Callable[[], Obj], list[Obj] | None, str]] = {
+    "change another driver's entry": (
+        lambda: claim(allocated=True, devices=[device_status(), _theirs()]),
+        [device_status(), {**_theirs(), "data": {"forged": True}}],
+        "entries of driver",
+    ),
+    "remove another driver's entry": (
+        lambda: claim(allocated=True, devices=[device_status(), _theirs()]),
+        [device_status()],
+        "entries of driver",
+    ),
+    "write another node's pool": (
+        lambda: claim(allocated=True),
+        [device_status(pool=OTHER_NODE)],
+        "entries of driver",
+    ),
+    "remove another node's entry of our driver": (
+        lambda: claim(allocated=True, devices=[device_status(pool=OTHER_NODE)]),
+        None,
+        "entries of driver",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(AGENT_FORBIDDEN))
+def test_agent_status_write_forbidden(rendered: dict[str, Obj], accounts: dict[str, str], case: str) -> None:
+    stored, devices, fragment = AGENT_FORBIDDEN[case]
+    old = stored()
+    if case == "write another node's pool" or case == "remove another node's entry of our driver":
+        # The device status must match an allocated result: allocate the other node's device.
+        old["status"]["allocation"] = allocation(OTHER_NODE)
+    decision = _agent_status(rendered, accounts, old, devices)
+    assert decision.applies and decision.errors == () and any(fragment in m for m in decision.denials), (
+        decision
+    )
+
+
+@pytest.mark.parametrize(
+    ("case", "change", "fragment"),
+    [
+        ("clear the allocation", lambda s: s.pop("allocation"), "only status.devices"),
+        (
+            "reserve the claim",
+            lambda s: s.__setitem__("reservedFor", [{"resource": "pods", "name": "p", "uid": "u"}]),
+            "only status.devices",
+        ),
+    ],
+)
+def test_agent_may_not_touch_allocation_or_reservations(
+    rendered: dict[str, Obj],
+    accounts: dict[str, str],
+    case: str,
+    change: Callable[[Obj], None],
+    fragment: str,
+) -> None:
+    old = claim(allocated=True, devices=[device_status()])
+    new = copy.deepcopy(old)
+    change(new["status"])
+    new = _server_update(old, new, resource="resourceclaims", subresource="status")
+    user = service_account_user(NAMESPACE, accounts["agent"], node=NODE)
+    decision = _decide(_policy(rendered, "-agent-claim-status"), user, old=old, obj=new, subresource="status")
+    assert decision.applies and decision.errors == () and any(fragment in m for m in decision.denials), (
+        decision
+    )
+
+
+def test_agent_without_a_node_in_its_token_is_denied(
+    rendered: dict[str, Obj], accounts: dict[str, str]
+) -> None:
+    decision = _agent_status(rendered, accounts, claim(allocated=True), [device_status()], node=None)
+    assert decision.applies and decision.errors == ()
+    assert any("no node association" in m for m in decision.denials), decision
+
+
+def test_agent_on_another_node_may_not_write_this_nodes_entries(
+    rendered: dict[str, Obj], accounts: dict[str, str]
+) -> None:
+    decision = _agent_status(rendered, accounts, claim(allocated=True), [device_status()], node=OTHER_NODE)
+    assert decision.applies and any("entries of driver" in m for m in decision.denials), decision
+
+
+# -- agent: ResourceSlices ------------------------------------------------------------------------
+
+
+def resource_slice(node: str = NODE) -> Obj:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"{node}-fractional.dev-8x2kq", "resourceVersion": "77", "generation": 1},
+        "spec": {
+            "driver": DRIVER,
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": [{"name": "gpu-0"}],
+        },
+    }
+
+
+@pytest.mark.parametrize(
+    ("operation", "slice_node", "user_node", "allowed"),
+    [
+        ("CREATE", NODE, NODE, True),
+        ("UPDATE", NODE, NODE, True),
+        ("DELETE", NODE, NODE, True),
+        ("CREATE", OTHER_NODE, NODE, False),
+        ("UPDATE", OTHER_NODE, NODE, False),
+        ("DELETE", OTHER_NODE, NODE, False),
+        ("CREATE", NODE, None, False),
+        ("CREATE", "", NODE, False),
+    ],
+)
+def test_agent_resource_slices(
+    rendered: dict[str, Obj],
+    accounts: dict[str, str],
+    operation: str,
+    slice_node: str,
+    user_node: str | None,
+    allowed: bool,
+) -> None:
+    stored = resource_slice(slice_node)
+    if not slice_node:
+        stored["spec"].pop("nodeName")
+        stored["spec"]["allNodes"] = True
+    old = None if operation == "CREATE" else stored
+    obj = None if operation == "DELETE" else stored
+    user = service_account_user(NAMESPACE, accounts["agent"], node=user_node)
+    decision = _decide(
+        _policy(rendered, "-agent-resourceslices"), user, old=old, obj=obj, operation=operation
+    )
+    assert decision.applies and decision.errors == () and decision.allowed == allowed, decision
+
+
+@pytest.mark.parametrize(
+    ("case", "change", "fragment"),
+    [
+        ("spec", lambda c: c["spec"]["devices"]["requests"].pop(), "spec"),
+        ("a label", lambda c: c["metadata"].__setitem__("labels", {"x": "y"}), "metadata"),
+        ("a finalizer", lambda c: c["metadata"]["finalizers"].clear(), "metadata"),
+    ],
+)
+def test_agent_claim_fields_the_server_resets_are_denied_anyway(
+    rendered: dict[str, Obj],
+    accounts: dict[str, str],
+    case: str,
+    change: Callable[[Obj], None],
+    fragment: str,
+) -> None:
+    """kube-apiserver resets spec and metadata on a status update; the policy holds without it."""
+    old = claim(allocated=True, devices=[device_status()])
+    new = copy.deepcopy(old)
+    change(new)
+    user = service_account_user(NAMESPACE, accounts["agent"], node=NODE)
+    decision = _decide(_policy(rendered, "-agent-claim-status"), user, old=old, obj=new, subresource="status")
+    assert decision.applies and decision.errors == () and any(fragment in m for m in decision.denials), (
+        decision
+    )
