@@ -75,7 +75,8 @@ GRANTS: tuple[Grant, ...] = (
         "resource.k8s.io",
         "resourceclaims/status",
         ("update", "patch"),
-        "status.devices after prepare (issue 6, KEP-4817)",
+        "status.devices after prepare (issue 6, KEP-4817); kept to our driver's entries of the "
+        "agent's own pool by the next grant on 1.36+, by the agent-claim-status admission policy before",
         _PLUGIN,
     ),
     Grant(
@@ -95,7 +96,9 @@ GRANTS: tuple[Grant, ...] = (
         "",
         "nodes",
         ("get",),
-        "the Node owner reference of each ResourceSlice needs the node's UID (kubelet-protocol.md section 5)",
+        "the Node owner reference of each ResourceSlice needs the node's UID (kubelet-protocol.md "
+        "section 5); cluster-wide: resourceNames cannot differ per node and admission never sees "
+        "reads (docs/install.md, Admission policies)",
         _PUBLISHER,
     ),
     # -- controller ---------------------------------------------------------------------------
@@ -124,7 +127,8 @@ GRANTS: tuple[Grant, ...] = (
         "resourceclaims",
         ("get", "list", "watch", "update"),
         "claims of gated pods; get re-reads before a write; update adds/removes the finalizer "
-        "fractional.dev/allocation (driver/controller/writer.py)",
+        "fractional.dev/allocation (driver/controller/writer.py), and the controller-claims "
+        "admission policy denies any other change",
         CONTROLLER_CODE,
     ),
     Grant(
@@ -133,7 +137,8 @@ GRANTS: tuple[Grant, ...] = (
         "resource.k8s.io",
         "resourceclaims/status",
         ("update",),
-        "writes status.allocation with the claim's resourceVersion (driver/controller/writer.py)",
+        "writes status.allocation with the claim's resourceVersion (driver/controller/writer.py); "
+        "the controller-claims admission policy allows only setting or clearing it",
         CONTROLLER_CODE,
     ),
     Grant(
@@ -152,7 +157,8 @@ GRANTS: tuple[Grant, ...] = (
         "pods",
         ("get", "list", "watch", "update", "patch"),
         "gated pods: watch them, re-read, remove the scheduling gate with an update carrying the "
-        "resourceVersion, patch the scale-up-hint annotation (driver/controller/writer.py)",
+        "resourceVersion, patch the scale-up-hint annotation (driver/controller/writer.py); the "
+        "controller-pods admission policy denies every other change to a pod",
         CONTROLLER_CODE,
     ),
     Grant(
