@@ -44,11 +44,11 @@ from driver.config import PluginConfig
 from driver.errors import ConfigError, FractionalError
 from driver.inventory.discover import discover_inventory
 from driver.inventory.model import NodeInventory
-from driver.plugin.cdi import NVIDIA_TOOLKIT_KIND, STANDARD_SPEC_DIRS, find_spec_for_kind
+from driver.plugin.cdi import NVIDIA_TOOLKIT_KIND, STANDARD_SPEC_DIRS, ensure_cdi_root, find_spec_for_kind
 from driver.plugin.checkpoint import BOOT_ID_PATH, read_boot_id
 from driver.plugin.claims import ClaimReader
 from driver.plugin.devices import PrepareSettings
-from driver.plugin.dra_service import ClaimSource, add_dra_services
+from driver.plugin.dra_service import ClaimFetcher, ClaimSource, add_dra_services
 from driver.plugin.gpu_metrics import GPU_METRICS, GpuMetricsSource
 from driver.plugin.health import HealthMonitor, build_health_taints
 from driver.plugin.health_service import HealthStreamer
@@ -167,6 +167,7 @@ class NodeAgent:
         self._nvml: ModuleType | None = None
         self._backends: dict[str, SharingBackend] = {}
         self._dra_server: grpc.Server | None = None
+        self._claim_fetcher: ClaimFetcher | None = None
         self._registration_server: grpc.Server | None = None
         self._probe: ProbeServer | None = None
         self._publisher: SlicePublisher | None = None
@@ -217,7 +218,7 @@ class NodeAgent:
         plugin_dir = Path(config.plugin_dir)
         plugin_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(plugin_dir, 0o750)
-        Path(config.cdi_root).mkdir(parents=True, exist_ok=True)
+        ensure_cdi_root(config.cdi_root)  # 0755 whatever the umask
         settings = PrepareSettings(
             default_backend=config.sharing,
             backends=self._backends,
@@ -265,7 +266,9 @@ class NodeAgent:
             )
             self._status_writer.start()  # waits for connect(); prepares meanwhile only enqueue
         dra = build_grpc_server(max_workers=config.max_workers)
-        add_dra_services(dra, state=self.state, claims=claims, status=self._status_writer)
+        self._claim_fetcher = add_dra_services(
+            dra, state=self.state, claims=claims, status=self._status_writer
+        )
         dra_health_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server(  # type: ignore[no-untyped-call]
             self._streamer, dra
         )
@@ -413,6 +416,9 @@ class NodeAgent:
         if self._dra_server is not None:
             self._dra_server.stop(grace).wait()
             self._dra_server = None
+        if self._claim_fetcher is not None:
+            self._claim_fetcher.close()
+            self._claim_fetcher = None
         for path in (self.paths.registration, self.paths.dra):
             try:
                 remove_socket(path)

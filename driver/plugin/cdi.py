@@ -16,6 +16,7 @@ the CDI root.
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -32,6 +33,7 @@ __all__ = [
     "check_name_part",
     "claim_spec_path",
     "device_name",
+    "ensure_cdi_root",
     "find_spec_for_kind",
     "minimum_cdi_version",
     "parse_container_edits",
@@ -186,9 +188,30 @@ def render_claim_spec(cdi_class: str, devices: Iterable[tuple[str, ContainerEdit
     return spec
 
 
+CDI_ROOT_MODE = 0o755  # runtimes (often another user) read the specs; only we write them
+
+
+def ensure_cdi_root(cdi_root: str | Path) -> None:
+    """Create the CDI root (and missing parents) with mode 0755 whatever the umask: ``mkdir``
+    applies the umask (0777 under umask 000), so each directory created here is chmod-ed.
+    An existing directory is left as it is (the operator's choice)."""
+    root = Path(cdi_root)
+    missing = []
+    for directory in (root, *root.parents):
+        if directory.exists():
+            break
+        missing.append(directory)
+    for directory in reversed(missing):
+        try:
+            directory.mkdir(mode=CDI_ROOT_MODE)
+        except FileExistsError:
+            continue  # created meanwhile by someone else: theirs
+        os.chmod(directory, CDI_ROOT_MODE)
+
+
 def write_cdi_spec(cdi_root: str | Path, cdi_class: str, claim_uid: str, spec: Mapping[str, Any]) -> Path:
     path = claim_spec_path(cdi_root, cdi_class, claim_uid)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    ensure_cdi_root(path.parent)
     write_atomically(path, json.dumps(spec, indent=2, sort_keys=True).encode() + b"\n")
     return path
 

@@ -3,7 +3,7 @@
 A versioned JSON document in the plugin dir (``checkpoint.json``), written atomically, guarded by a
 checksum, and stamped with the node's boot id::
 
-    {"apiVersion": "checkpoint.fractional.dev/v1", "kind": "Checkpoint", "bootID": "...",
+    {"apiVersion": "checkpoint.fractional.dev/v2", "kind": "Checkpoint", "bootID": "...",
      "checksum": "sha256:<hex of the canonical JSON of everything else>",
      "preparedClaims": {"<claimUID>": {"namespace": ..., "name": ..., "phase": "PrepareStarted",
                                        "bootID": "...", "devices": [PreparedDevice.to_dict(), ...]}}}
@@ -12,7 +12,14 @@ Two phases per claim: ``PrepareStarted`` is written before any node-side effect,
 after them. An entry recorded under another boot id is *stale*: its effects (MPS daemons, CDI files
 on tmpfs) did not survive the reboot, so the next Prepare redoes them. The checkpoint itself lives
 on disk and survives. A missing file reads as empty; an unreadable one raises
-``CheckpointCorruptError`` and ``CheckpointStore`` sets it aside.
+``CheckpointCorruptError`` and ``CheckpointStore`` sets it aside, then asks its ``recover``
+callback for what can be rebuilt (``DeviceState`` reads the CDI specs on disk, which name claim and
+device: phase ``RecoveredFromCDI``), so the exclusivity guard survives a corrupt file.
+
+Versions: ``v2`` (this one) adds the ``RecoveredFromCDI`` phase and ``share.claimKey``; a ``v1``
+file (written by earlier agents) is read as is and rewritten as ``v2`` on the next change. Any other
+version is treated like a corrupt file. A path that exists but is not a regular file (a directory)
+is a ``ConfigError`` naming it: moving it aside could hide an operator's mistake.
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from driver.errors import FractionalError
+from driver.errors import ConfigError, FractionalError
 from driver.plugin.atomic import write_atomically
 from driver.plugin.devices import PreparedDevice
 from driver.plugin.metrics import CHECKPOINT_CORRUPT_TOTAL
@@ -51,7 +58,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-API_VERSION = "checkpoint.fractional.dev/v1"
+API_VERSION = "checkpoint.fractional.dev/v2"
+READABLE_VERSIONS = ("checkpoint.fractional.dev/v1", API_VERSION)  # older ones are migrated on read
 KIND = "Checkpoint"
 FILE_NAME = "checkpoint.json"
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
@@ -60,6 +68,7 @@ BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 class ClaimPhase(StrEnum):
     STARTED = "PrepareStarted"
     COMPLETED = "PrepareCompleted"
+    RECOVERED = "RecoveredFromCDI"  # rebuilt from a CDI spec after the checkpoint was lost (v2)
 
 
 class CheckpointCorruptError(FractionalError):
@@ -130,11 +139,12 @@ def parse_checkpoint(data: bytes, path: Path) -> Checkpoint:
         raise CheckpointCorruptError(path=path, problem=f"not JSON: {error}") from error
     if not isinstance(body, dict):
         raise CheckpointCorruptError(path=path, problem="not a JSON object")
-    if body.get("apiVersion") != API_VERSION or body.get("kind") != KIND:
+    version = body.get("apiVersion")
+    if version not in READABLE_VERSIONS or body.get("kind") != KIND:
         raise CheckpointCorruptError(
             path=path,
-            problem=f"apiVersion/kind: expected {API_VERSION}/{KIND}, "
-            f"found {body.get('apiVersion')}/{body.get('kind')}",
+            problem=f"apiVersion/kind: expected one of {', '.join(READABLE_VERSIONS)}/{KIND}, "
+            f"found {str(body.get('apiVersion'))[:80]}/{str(body.get('kind'))[:80]}",
         )
     checksum = body.pop("checksum", None)
     if checksum != _checksum(body):
@@ -145,7 +155,7 @@ def parse_checkpoint(data: bytes, path: Path) -> Checkpoint:
                 uid=uid,
                 namespace=str(raw["namespace"]),
                 name=str(raw["name"]),
-                phase=ClaimPhase(raw["phase"]),
+                phase=_phase(raw["phase"], version),
                 boot_id=str(raw["bootID"]),
                 devices=tuple(PreparedDevice.from_dict(device) for device in raw["devices"]),
             )
@@ -156,12 +166,27 @@ def parse_checkpoint(data: bytes, path: Path) -> Checkpoint:
     return Checkpoint(boot_id=str(body.get("bootID", "")), claims=claims)
 
 
+def _phase(raw: str, version: str) -> ClaimPhase:
+    phase = ClaimPhase(raw)
+    if phase is ClaimPhase.RECOVERED and version != API_VERSION:
+        raise ValueError(f"phase {phase} does not exist in {version}")
+    return phase
+
+
 def read_checkpoint(path: Path) -> Checkpoint:
-    """A missing file reads as an empty checkpoint."""
+    """A missing file reads as an empty checkpoint; a directory (or another non-file) in its place
+    is a ``ConfigError`` naming the path; a file that cannot be read raises ``CheckpointCorruptError``."""
     try:
         data = path.read_bytes()
     except FileNotFoundError:
         return Checkpoint()
+    except IsADirectoryError as error:
+        raise ConfigError(
+            field="--plugin-dir (FRACTIONAL_PLUGIN_DIR)",
+            problem=f"{path} is a directory, not the checkpoint file; remove or rename it",
+        ) from error
+    except OSError as error:
+        raise CheckpointCorruptError(path=path, problem=f"unreadable: {error.strerror}") from error
     return parse_checkpoint(data, path)
 
 
@@ -194,9 +219,17 @@ class CheckpointStore:
     ``serialize.lock`` flock) re-reads the file at the start of every transaction.
     """
 
-    def __init__(self, plugin_dir: str | Path, *, boot_id: str, cache: bool = True) -> None:
+    def __init__(
+        self,
+        plugin_dir: str | Path,
+        *,
+        boot_id: str,
+        cache: bool = True,
+        recover: Callable[[], Checkpoint] | None = None,
+    ) -> None:
         self.path = Path(plugin_dir) / FILE_NAME
         self.boot_id = boot_id
+        self._recover = recover  # what can be rebuilt when the file is corrupt (CDI specs)
         self.lock = threading.Lock()  # guards the fields below; never held across an API call
         self._write_lock = threading.Lock()  # one writer at a time
         self._cache = cache
@@ -213,11 +246,20 @@ class CheckpointStore:
             aside = self.path.with_name(f"{self.path.name}.corrupt-{time.time_ns()}")
             os.replace(self.path, aside)
             CHECKPOINT_CORRUPT_TOTAL.inc()
+            checkpoint = self._recover() if self._recover is not None else Checkpoint()
             log.error(
-                "checkpoint corrupt, set aside",
-                extra={"path": str(self.path), "moved_to": str(aside), "problem": error.problem},
+                "checkpoint corrupt, set aside; claims rebuilt from CDI specs",
+                extra={
+                    "path": str(self.path),
+                    "moved_to": str(aside),
+                    "problem": error.problem[:300],
+                    "recovered_claims": len(checkpoint.claims),
+                },
             )
-            checkpoint = Checkpoint()
+            if checkpoint.claims:  # write the rebuilt guard at once: the next load must find it
+                self._version += 1
+                self._write(checkpoint)
+                self._written = self._version
         self._current = checkpoint
         return checkpoint
 
@@ -252,16 +294,19 @@ class CheckpointStore:
                     return  # another writer's file already holds this change
                 checkpoint, newest = self._current, self._version
             assert checkpoint is not None
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            write_atomically(
-                self.path,
-                render_checkpoint(checkpoint, self.boot_id),
-                mode=0o600,
-                fsync_file=False,
-                fsync_directory=False,
-            )
+            self._write(checkpoint)
             with self.lock:
                 self._written = newest
+
+    def _write(self, checkpoint: Checkpoint) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomically(
+            self.path,
+            render_checkpoint(checkpoint, self.boot_id),
+            mode=0o600,
+            fsync_file=False,
+            fsync_directory=False,
+        )
 
 
 class _Transaction:

@@ -28,7 +28,16 @@ from typing import Any
 from driver.errors import ClaimError
 from driver.inventory.model import GPU, NIC, NodeInventory
 from driver.plugin import cdi
-from driver.plugin.claims import AllocationResult, Claim, ClaimRef, ClaimUID, base_request_name
+from driver.plugin.claims import (
+    AllocationResult,
+    Claim,
+    ClaimRef,
+    ClaimUID,
+    base_request_name,
+    bounded,
+    check_node_selector,
+    quoted,
+)
 from driver.plugin.gpuconfig import GpuConfig, resolve_share_configs
 from driver.plugin.sharing.base import ContainerEdits, DeviceNode, ShareSpec, SharingBackend
 
@@ -104,6 +113,8 @@ class PreparedDevice:
                 "wholeGPU": share.whole_gpu,
                 "backendOptions": [list(pair) for pair in share.backend_options],
             }
+            if share.claim_key:
+                data["share"]["claimKey"] = share.claim_key
         return data
 
     @classmethod
@@ -121,6 +132,7 @@ class PreparedDevice:
                 compute_percent=int(raw_share["computePercent"]),
                 whole_gpu=bool(raw_share["wholeGPU"]),
                 backend_options=tuple((str(k), str(v)) for k, v in raw_share.get("backendOptions", ())),
+                claim_key=str(raw_share.get("claimKey", "")),
             )
         return cls(
             kind=DeviceKind(data["kind"]),
@@ -150,11 +162,11 @@ class PrepareSettings:
 
 def make_claim_ref(*, namespace: str, name: str, uid: str) -> ClaimRef:
     """The kubelet's ``{namespace, uid, name}``, checked before it reaches a URL or a file name."""
-    key = f"{namespace}/{name}"
+    key = f"{bounded(namespace, 63)}/{bounded(name, 253)}"  # the kubelet's values, echoed bounded
     if not _DNS_LABEL.fullmatch(namespace):
-        raise ClaimError(claim=key, field="namespace", problem=f"{namespace!r} is not a DNS label")
+        raise ClaimError(claim=key, field="namespace", problem=f"{quoted(namespace)} is not a DNS label")
     if len(name) > 253 or not _DNS_SUBDOMAIN.fullmatch(name):
-        raise ClaimError(claim=key, field="metadata.name", problem=f"{name!r} is not a DNS subdomain")
+        raise ClaimError(claim=key, field="metadata.name", problem=f"{quoted(name)} is not a DNS subdomain")
     cdi.check_name_part(uid, claim=key, field="metadata.uid")
     return ClaimRef(namespace=namespace, name=name, uid=ClaimUID(uid))
 
@@ -183,7 +195,7 @@ def _quantity(claim: Claim, result: AllocationResult, name: str) -> int | None:
         raise ClaimError(
             claim=claim.key,
             field=f"{result.field}.consumedCapacity.{name}",
-            problem=f"{raw!r} is not a quantity",
+            problem=f"{quoted(raw)} is not a quantity",
         ) from error
 
 
@@ -211,6 +223,7 @@ def _gpu_share(
         )
     return ShareSpec(
         claim_uid=claim.uid,
+        claim_key=claim.key,
         device=gpu.name,
         gpu_uuid=gpu.uuid,
         ordinal=ordinal,
@@ -251,6 +264,7 @@ def compute_prepared_devices(
     """
     uid = cdi.check_name_part(claim.uid, claim=claim.key, field="metadata.uid")
     pool_name = settings.pool_name or inventory.node_name
+    check_node_selector(claim.body, inventory.node_name, claim.key)
     configs = resolve_share_configs(claim.body) if claim.results else {}
     gpus: list[tuple[AllocationResult, GPU, ShareSpec, str, SharingBackend]] = []
     nics: list[tuple[AllocationResult, NIC]] = []
@@ -262,7 +276,7 @@ def compute_prepared_devices(
             raise ClaimError(
                 claim=claim.key,
                 field=f"{result.field}.pool",
-                problem=f"{result.pool!r} is not this node's {pool_name!r}",
+                problem=f"{quoted(result.pool)} is not this node's {pool_name!r}",
             )
         gpu, nic = inventory.gpu(result.device), inventory.nic(result.device)
         if gpu is not None:
@@ -272,7 +286,8 @@ def compute_prepared_devices(
                 raise ClaimError(
                     claim=claim.key,
                     field=f"{result.field} sharing backend",
-                    problem=f"{choice.name!r} is not enabled on this node (have {sorted(settings.backends)})",
+                    problem=f"{quoted(choice.name)} is not enabled on this node "
+                    f"(have {sorted(settings.backends)})",
                 )
             gpus.append(
                 (result, gpu, _gpu_share(claim, result, gpu, len(gpus), choice), choice.name, backend)
@@ -283,7 +298,7 @@ def compute_prepared_devices(
             raise ClaimError(
                 claim=claim.key,
                 field=f"{result.field}.device",
-                problem=f"{result.device!r} is not a device of this node",
+                problem=f"{quoted(result.device)} is not a device of this node",
             )
 
     claim_env: tuple[str, ...] = (f"FRACTIONAL_CLAIM_UID={uid}",)

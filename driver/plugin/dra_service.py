@@ -1,34 +1,60 @@
 """The DRA gRPC service (``...dra.v1.DRAPlugin`` and ``...dra.v1beta1.DRAPlugin``): thin adapters.
 
-Both versions share one implementation; v1 also reports ``share_id``. Per claim: check the
-reference, GET the claim (outside every lock), ``DeviceState.prepare``, and map the result. A
-``ClaimError`` becomes that claim's ``error`` string; every requested UID gets an entry. After a
-successful prepare (and an unprepare of a claim that was prepared) the optional ``ClaimStatusSink``
-is told; it only enqueues (``driver.plugin.status``), so ``status.devices`` never delays or fails
-the answer to the kubelet.
-``TransientError`` (and any other ``FractionalError``) fails the whole RPC with UNAVAILABLE so the
-kubelet retries; a bug propagates and gRPC logs it and answers UNKNOWN.
+Both versions share one implementation; v1 also reports ``share_id``. Prepare: check every
+reference, GET the claims concurrently (``ClaimFetcher``: a bounded pool, outside every lock), then
+``DeviceState.prepare_many`` prepares them together, and each result is mapped. A ``ClaimError``
+becomes that claim's ``error`` string and never touches the other claims of the call; every
+requested UID gets an entry. A GET that fails transiently (connection, 429, 5xx) is also that
+claim's error: the kubelet retries the pod either way, and one claim the API cannot serve must not
+stop the rest. After a successful prepare (and an unprepare of a claim that was prepared) the
+optional ``ClaimStatusSink`` is told; it only enqueues (``driver.plugin.status``), so
+``status.devices`` never delays or fails the answer to the kubelet.
+
+Deadline: the kubelet gives each call 45 s. When the call's deadline (``time_remaining``) passes
+while claims are being read, the call answers DEADLINE_EXCEEDED at once, reads not yet started are
+cancelled, and nothing is prepared: the kubelet has stopped waiting, and its retry finds the claims
+it did get prepared already (prepare is idempotent).
+
+Echoes are bounded: an error string or log line quotes at most ``MAX_ERROR_CHARS`` of it.
+Any other ``FractionalError`` fails the whole RPC with UNAVAILABLE so the kubelet retries; a bug
+propagates and gRPC logs it and answers UNKNOWN.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import time
+from collections.abc import Mapping, Sequence
 from types import ModuleType
 from typing import Any, NoReturn, Protocol
 
 import grpc
 
-from driver.errors import ClaimError, FractionalError
-from driver.plugin.claims import Claim, ClaimRef
+from driver.errors import ClaimError, FractionalError, TransientError
+from driver.plugin.claims import Claim, ClaimRef, bounded
 from driver.plugin.devices import PreparedDevice, make_claim_ref
 from driver.plugin.metrics import CLAIM_OPERATIONS_TOTAL, RPC_SECONDS
 from driver.plugin.proto_gen import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
 from driver.plugin.state import DeviceState
 
-__all__ = ["ClaimSource", "ClaimStatusSink", "DRAServicer", "add_dra_services"]
+__all__ = [
+    "FETCH_WORKERS",
+    "MAX_ERROR_CHARS",
+    "ClaimFetcher",
+    "ClaimSource",
+    "ClaimStatusSink",
+    "DRAServicer",
+    "DeadlineExceeded",
+    "add_dra_services",
+]
 
 log = logging.getLogger(__name__)
+
+FETCH_WORKERS = 8  # concurrent claim GETs per agent (all calls together)
+DEADLINE_MARGIN_SECONDS = 0.5  # answer this long before the kubelet's deadline
+MAX_ERROR_CHARS = 1000  # of an error string sent to the kubelet or logged
+MAX_UID_LOG_CHARS = 64
 
 
 class ClaimSource(Protocol):
@@ -43,6 +69,51 @@ class ClaimStatusSink(Protocol):
     def unprepared(self, ref: ClaimRef) -> None: ...
 
 
+class DeadlineExceeded(Exception):
+    """The call's deadline passed while its claims were being read."""
+
+
+class ClaimFetcher:
+    """Reads claims concurrently on a bounded pool (``FETCH_WORKERS`` threads ``claim-get_*``,
+    shared by every call), waiting no longer than the call's deadline."""
+
+    def __init__(self, claims: ClaimSource, *, workers: int = FETCH_WORKERS) -> None:
+        self._claims = claims
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=workers, thread_name_prefix="claim-get"
+        )
+
+    def fetch(self, refs: Sequence[ClaimRef], *, deadline: float | None) -> dict[str, Claim | ClaimError]:
+        """Claim UID -> the claim, or why it could not be read (``ClaimError``; a ``TransientError``
+        becomes one too). ``DeadlineExceeded`` when ``deadline`` (``time.monotonic``) passes first;
+        reads not yet started are then cancelled."""
+        futures = {ref.uid: (ref, self._pool.submit(self._claims.read, ref)) for ref in refs}
+        results: dict[str, Claim | ClaimError] = {}
+        try:
+            for uid, (ref, future) in futures.items():
+                timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+                try:
+                    results[uid] = future.result(timeout=timeout)
+                except ClaimError as error:
+                    results[uid] = error
+                except TransientError as error:
+                    results[uid] = ClaimError(
+                        claim=ref.key,
+                        field="(read from the API)",
+                        problem=f"{bounded(error, MAX_ERROR_CHARS)} (temporary; the kubelet retries)",
+                    )
+        except concurrent.futures.TimeoutError as error:
+            for _, future in futures.values():
+                future.cancel()
+            raise DeadlineExceeded(
+                f"read {len(results)} of {len(futures)} claims before the deadline"
+            ) from error
+        return results
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
 class DRAServicer:
     """Implements ``DRAPlugin`` for one proto version (``pb`` = its ``*_pb2`` module)."""
 
@@ -54,9 +125,11 @@ class DRAServicer:
         pb: ModuleType,
         version: str,
         status: ClaimStatusSink | None = None,
+        fetcher: ClaimFetcher | None = None,
     ) -> None:
         self._state = state
         self._claims = claims
+        self._fetcher = fetcher if fetcher is not None else ClaimFetcher(claims)
         self._status = status
         self._pb = pb
         self._version = version
@@ -74,34 +147,63 @@ class DRAServicer:
         return message
 
     def _fail(self, context: grpc.ServicerContext, method: str, error: FractionalError) -> NoReturn:
-        log.warning("rpc failed, kubelet will retry", extra={"method": method, "reason": str(error)})
-        context.abort(grpc.StatusCode.UNAVAILABLE, str(error))
+        reason = bounded(error, MAX_ERROR_CHARS)
+        log.warning("rpc failed, kubelet will retry", extra={"method": method, "reason": reason})
+        context.abort(grpc.StatusCode.UNAVAILABLE, reason)
         raise AssertionError("context.abort returned")  # it always raises
+
+    def _claim_failed(self, operation: str, uid: str, error: ClaimError) -> str:
+        reason = bounded(error, MAX_ERROR_CHARS)
+        log.warning(
+            f"claim not {operation}d",
+            extra={"claim_uid": bounded(uid, MAX_UID_LOG_CHARS), "reason": reason},
+        )
+        CLAIM_OPERATIONS_TOTAL.labels(operation=operation, result="error").inc()
+        return reason
 
     def NodePrepareResources(self, request: Any, context: grpc.ServicerContext) -> Any:
         started = time.perf_counter()
-        results = {}
+        results: dict[str, Any] = {}
         try:
+            remaining = context.time_remaining()
+            deadline = None if remaining is None else time.monotonic() + remaining - DEADLINE_MARGIN_SECONDS
+            refs: dict[str, ClaimRef] = {}
             for reference in request.claims:
+                if reference.uid in refs or reference.uid in results:
+                    continue  # named twice: one answer
                 try:
-                    ref = make_claim_ref(
+                    refs[reference.uid] = make_claim_ref(
                         namespace=reference.namespace, name=reference.name, uid=reference.uid
                     )
-                    claim = self._claims.read(ref)  # API GET, outside every lock
-                    devices = self._state.prepare(claim)
                 except ClaimError as error:
-                    log.warning(
-                        "claim not prepared", extra={"claim_uid": reference.uid, "reason": str(error)}
-                    )
-                    CLAIM_OPERATIONS_TOTAL.labels(operation="prepare", result="error").inc()
-                    results[reference.uid] = self._pb.NodePrepareResourceResponse(error=str(error))
+                    reason = self._claim_failed("prepare", reference.uid, error)
+                    results[reference.uid] = self._pb.NodePrepareResourceResponse(error=reason)
+            try:
+                fetched = self._fetcher.fetch(list(refs.values()), deadline=deadline)  # outside every lock
+            except DeadlineExceeded as error:
+                log.warning(
+                    "rpc deadline passed, nothing prepared",
+                    extra={"method": "NodePrepareResources", "claims": len(refs), "reason": str(error)},
+                )
+                context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, f"deadline passed: {error}")
+                raise AssertionError("context.abort returned") from error
+            claims = [claim for claim in fetched.values() if isinstance(claim, Claim)]
+            outcomes: Mapping[str, Any] = {
+                **{uid: error for uid, error in fetched.items() if isinstance(error, ClaimError)},
+                **self._state.prepare_many(claims),
+            }
+            for uid, ref in refs.items():
+                outcome = outcomes[uid]
+                if isinstance(outcome, ClaimError):
+                    reason = self._claim_failed("prepare", uid, outcome)
+                    results[uid] = self._pb.NodePrepareResourceResponse(error=reason)
                     continue
                 CLAIM_OPERATIONS_TOTAL.labels(operation="prepare", result="ok").inc()
                 if self._status is not None:
-                    self._status.prepared(ref, devices)
-                log.debug("claim prepared", extra={"claim_uid": ref.uid, "devices": len(devices)})
-                results[reference.uid] = self._pb.NodePrepareResourceResponse(
-                    devices=[self._device(device) for device in devices]
+                    self._status.prepared(ref, outcome)
+                log.debug("claim prepared", extra={"claim_uid": uid, "devices": len(outcome)})
+                results[uid] = self._pb.NodePrepareResourceResponse(
+                    devices=[self._device(device) for device in outcome]
                 )
         except FractionalError as error:
             self._fail(context, "NodePrepareResources", error)
@@ -122,11 +224,8 @@ class DRAServicer:
                     )
                     was_prepared = self._state.unprepare(ref)  # never GETs the claim: it may be gone
                 except ClaimError as error:
-                    log.warning(
-                        "claim not unprepared", extra={"claim_uid": reference.uid, "reason": str(error)}
-                    )
-                    CLAIM_OPERATIONS_TOTAL.labels(operation="unprepare", result="error").inc()
-                    results[reference.uid] = self._pb.NodeUnprepareResourceResponse(error=str(error))
+                    reason = self._claim_failed("unprepare", reference.uid, error)
+                    results[reference.uid] = self._pb.NodeUnprepareResourceResponse(error=reason)
                     continue
                 CLAIM_OPERATIONS_TOTAL.labels(operation="unprepare", result="ok").inc()
                 if was_prepared and self._status is not None:
@@ -143,13 +242,19 @@ class DRAServicer:
 
 def add_dra_services(
     server: grpc.Server, *, state: DeviceState, claims: ClaimSource, status: ClaimStatusSink | None = None
-) -> None:
-    """Serve ``v1.DRAPlugin`` and ``v1beta1.DRAPlugin`` on ``server``."""
+) -> ClaimFetcher:
+    """Serve ``v1.DRAPlugin`` and ``v1beta1.DRAPlugin`` on ``server``; returns their shared
+    ``ClaimFetcher``, to ``close()`` once the server has stopped."""
+    fetcher = ClaimFetcher(claims)
     # The generated *_pb2_grpc modules are untyped.
     dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(  # type: ignore[no-untyped-call]
-        DRAServicer(state=state, claims=claims, pb=dra_v1_pb2, version="v1", status=status), server
-    )
-    dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(  # type: ignore[no-untyped-call]
-        DRAServicer(state=state, claims=claims, pb=dra_v1beta1_pb2, version="v1beta1", status=status),
+        DRAServicer(state=state, claims=claims, pb=dra_v1_pb2, version="v1", status=status, fetcher=fetcher),
         server,
     )
+    dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(  # type: ignore[no-untyped-call]
+        DRAServicer(
+            state=state, claims=claims, pb=dra_v1beta1_pb2, version="v1beta1", status=status, fetcher=fetcher
+        ),
+        server,
+    )
+    return fetcher

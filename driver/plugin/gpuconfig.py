@@ -28,6 +28,7 @@ from typing import Any
 
 from driver import DRIVER_NAME
 from driver.errors import ClaimError
+from driver.plugin.claims import bounded, quoted
 
 __all__ = [
     "API_VERSION",
@@ -108,7 +109,7 @@ class GpuConfig:
 
 def claim_key(claim: Mapping[str, Any]) -> str:
     metadata = claim.get("metadata") or {}
-    return f"{metadata.get('namespace', '')}/{metadata.get('name', '')}"
+    return f"{bounded(metadata.get('namespace', ''), 63)}/{bounded(metadata.get('name', ''), 253)}"
 
 
 class _Decoder:
@@ -125,21 +126,23 @@ class _Decoder:
             raise self.fail(path, f"expected an object, found {_type_name(value)}")
         for key in value:
             if key not in allowed:
-                raise self.fail(f"{path}.{key}", f"unknown field (expected one of {', '.join(allowed)})")
+                raise self.fail(
+                    f"{path}.{bounded(key, 64)}", f"unknown field (expected one of {', '.join(allowed)})"
+                )
         return value
 
     def string(self, value: object, path: str, choices: tuple[str, ...]) -> str:
         if not isinstance(value, str):
             raise self.fail(path, f"expected a string, found {_type_name(value)}")
         if value not in choices:
-            raise self.fail(path, f"{value!r} is not one of {', '.join(choices)}")
+            raise self.fail(path, f"{quoted(value)} is not one of {', '.join(choices)}")
         return value
 
     def integer(self, value: object, path: str, low: int, high: int) -> int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise self.fail(path, f"expected an integer, found {_type_name(value)}")
         if not low <= value <= high:
-            raise self.fail(path, f"{value} is outside {low}..{high}")
+            raise self.fail(path, f"{bounded(value, 64)} is outside {low}..{high}")
         return value
 
     def boolean(self, value: object, path: str) -> bool:
@@ -171,9 +174,9 @@ def parse_gpu_config(parameters: object, *, claim: str, path: str = "parameters"
     d = _Decoder(claim)
     top = d.mapping(parameters, path, ("apiVersion", "kind", "sharing"))
     if top.get("apiVersion") != API_VERSION:
-        raise d.fail(f"{path}.apiVersion", f"{top.get('apiVersion')!r} is not {API_VERSION!r}")
+        raise d.fail(f"{path}.apiVersion", f"{quoted(top.get('apiVersion'))} is not {API_VERSION!r}")
     if top.get("kind") != KIND:
-        raise d.fail(f"{path}.kind", f"{top.get('kind')!r} is not {KIND!r}")
+        raise d.fail(f"{path}.kind", f"{quoted(top.get('kind'))} is not {KIND!r}")
     if "sharing" not in top:
         return GpuConfig()
     spath = f"{path}.sharing"
@@ -196,7 +199,7 @@ def parse_gpu_config(parameters: object, *, claim: str, path: str = "parameters"
         hami = _parse_hami(d, sharing["hami"], f"{spath}.hami")
     for name, given in (("mps", mps), ("hami", hami)):
         if given is not None and backend is not None and backend != name:
-            raise d.fail(f"{spath}.{name}", f"set, but {spath}.backend is {backend!r}")
+            raise d.fail(f"{spath}.{name}", f"set, but {spath}.backend is {quoted(backend)}")
     return GpuConfig(sharing=SharingConfig(backend=backend, mps=mps, hami=hami))
 
 
@@ -246,21 +249,28 @@ def resolve_share_configs(
     entries: list[tuple[int, tuple[str, ...], GpuConfig]] = []
     for index, entry in enumerate(devices.get("config") or ()):
         path = f"status.allocation.devices.config[{index}]"
+        if not isinstance(entry, Mapping):
+            raise ClaimError(claim=key, field=path, problem=f"expected an object, found {_type_name(entry)}")
         opaque = entry.get("opaque") or {}
-        if opaque.get("driver") != driver:
+        if not isinstance(opaque, Mapping) or opaque.get("driver") != driver:
             continue
         source = entry.get("source")
         if source not in _SOURCES:
             raise ClaimError(
-                claim=key, field=f"{path}.source", problem=f"{source!r} is not one of FromClass, FromClaim"
+                claim=key,
+                field=f"{path}.source",
+                problem=f"{quoted(source)} is not one of FromClass, FromClaim",
             )
         config = parse_gpu_config(opaque.get("parameters"), claim=key, path=f"{path}.opaque.parameters")
-        requests = tuple(entry.get("requests") or ())
+        raw_requests = entry.get("requests") or ()
+        if not isinstance(raw_requests, list | tuple):
+            raise ClaimError(claim=key, field=f"{path}.requests", problem="expected a list")
+        requests = tuple(str(request) for request in raw_requests)
         entries.append((_SOURCES.index(source), requests, config))
     entries.sort(key=lambda item: item[0])  # stable: class entries first, each group in order
     resolved: dict[str, GpuConfig | None] = {}
     for result in devices.get("results") or ():
-        if result.get("driver") != driver:
+        if not isinstance(result, Mapping) or result.get("driver") != driver:
             continue
         request = result.get("request", "")
         effective: GpuConfig | None = None

@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 from prometheus_client import REGISTRY
 
+from driver.errors import ConfigError
 from driver.plugin.checkpoint import (
+    API_VERSION,
     Checkpoint,
     CheckpointCorruptError,
     CheckpointStore,
@@ -21,6 +23,7 @@ from driver.plugin.checkpoint import (
     read_checkpoint,
     render_checkpoint,
 )
+from driver.plugin.checkpoint import _checksum as checksum_of
 from driver.plugin.devices import DeviceKind, PreparedDevice
 from driver.plugin.sharing.base import ContainerEdits, ShareSpec
 
@@ -64,7 +67,7 @@ def test_round_trip(tmp_path: Path) -> None:
     parsed = parse_checkpoint(data, tmp_path / "checkpoint.json")
     assert parsed.claims == checkpoint.claims and parsed.boot_id == "boot-1"
     body = json.loads(data)
-    assert body["apiVersion"] == "checkpoint.fractional.dev/v1" and body["checksum"].startswith("sha256:")
+    assert body["apiVersion"] == "checkpoint.fractional.dev/v2" and body["checksum"].startswith("sha256:")
     assert parsed.without(UID).claims == {}
 
 
@@ -78,7 +81,7 @@ def test_missing_file_reads_empty(tmp_path: Path) -> None:
         (lambda text: text[: len(text) // 2], "not JSON"),
         (lambda text: text.replace('"name":"c"', '"name":"d"'), "checksum"),
         (
-            lambda text: text.replace("checkpoint.fractional.dev/v1", "checkpoint.fractional.dev/v9"),
+            lambda text: text.replace("checkpoint.fractional.dev/v2", "checkpoint.fractional.dev/v9"),
             "apiVersion",
         ),
         (lambda text: "[]", "not a JSON object"),
@@ -134,3 +137,47 @@ def test_concurrent_transactions_all_reach_the_file(tmp_path: Path) -> None:
     with store.transaction() as tx:  # a read-only transaction writes nothing
         assert len(tx.checkpoint.claims) == 40
     assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.json"]
+
+
+def _as_v1(checkpoint: Checkpoint, boot_id: str) -> bytes:
+    """A checkpoint as agents before v2 wrote it (same layout, apiVersion v1, no share.claimKey)."""
+    body = json.loads(render_checkpoint(checkpoint, boot_id))
+    del body["checksum"]
+    body["apiVersion"] = "checkpoint.fractional.dev/v1"
+    for claim in body["preparedClaims"].values():
+        for device in claim["devices"]:
+            (device.get("share") or {}).pop("claimKey", None)
+    body["checksum"] = checksum_of(body)
+    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+
+def test_v1_checkpoint_is_migrated(tmp_path: Path) -> None:
+    (tmp_path / "checkpoint.json").write_bytes(_as_v1(Checkpoint().with_claim(prepared()), "boot-1"))
+    before = corrupt_count()
+    store = CheckpointStore(tmp_path, boot_id="boot-1")
+    assert store.load().claims == {UID: prepared()}  # read, not set aside
+    assert corrupt_count() == before and not list(tmp_path.glob("checkpoint.json.corrupt-*"))
+    store.update(lambda checkpoint: checkpoint)
+    assert json.loads((tmp_path / "checkpoint.json").read_bytes())["apiVersion"] == API_VERSION
+
+
+def test_v1_cannot_hold_a_v2_phase(tmp_path: Path) -> None:
+    data = _as_v1(Checkpoint().with_claim(prepared(ClaimPhase.RECOVERED)), "boot-1")
+    with pytest.raises(CheckpointCorruptError, match="RecoveredFromCDI"):
+        parse_checkpoint(data, tmp_path / "checkpoint.json")
+
+
+def test_checkpoint_path_that_is_a_directory_is_a_clear_error(tmp_path: Path) -> None:
+    (tmp_path / "checkpoint.json").mkdir()
+    with pytest.raises(ConfigError, match=r"checkpoint.json is a directory"):
+        CheckpointStore(tmp_path, boot_id="boot-1").load()
+    assert (tmp_path / "checkpoint.json").is_dir()  # an operator's mistake is not moved away
+
+
+def test_corrupt_file_is_replaced_by_what_recover_rebuilds(tmp_path: Path) -> None:
+    (tmp_path / "checkpoint.json").write_bytes(b"\0" * 100)
+    rebuilt = Checkpoint().with_claim(prepared(ClaimPhase.RECOVERED))
+    store = CheckpointStore(tmp_path, boot_id="boot-1", recover=lambda: rebuilt)
+    assert store.load().claims == rebuilt.claims
+    # Written at once: another reader (a restarted agent) finds the rebuilt guard.
+    assert read_checkpoint(tmp_path / "checkpoint.json").claims == rebuilt.claims

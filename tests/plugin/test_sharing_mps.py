@@ -293,8 +293,8 @@ def test_close_stops_every_daemon_and_the_supervisor(
     assert sorted(row["env"]["CUDA_VISIBLE_DEVICES"] for row in control.events("client")) == [GPU_A, GPU_B]
     assert nvml.modes() == {GPU_A: 0, GPU_B: 0}
     assert not any(t.name == "mps-supervisor" and t.is_alive() for t in threading.enumerate())
-    with pytest.raises(ClaimError, match="stopping"):
-        backend.acquire(share("claim-3"))
+    with pytest.raises(ClaimError, match=r"ResourceClaim ns/c3 \(claim-3\): sharing.mps: .*stopping"):
+        backend.acquire(replace(share("claim-3"), claim_key="ns/c3"))  # named by namespace/name and UID
 
 
 def test_a_daemon_ignoring_quit_is_terminated(tmp_path: Path, control: FakeControl) -> None:

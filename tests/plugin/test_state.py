@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -36,7 +37,7 @@ class RecordingBackend:
         with self._lock:
             self.calls.append(("acquire", share.claim_uid, share.device))
         if self.fail_acquire:
-            raise ClaimError(claim=share.claim_uid, field="sharing", problem=self.fail_acquire)
+            raise ClaimError(claim=share.claim, field="sharing", problem=self.fail_acquire)
 
     def release(self, share: ShareSpec) -> None:
         with self._lock:
@@ -297,3 +298,137 @@ def test_crash_after_each_unprepare_effect_then_restart(env: Env, effect: str) -
     restarted.unprepare(c.ref)
     assert env.spec_files() == [] and restarted.prepared_claims() == {}
     assert env.backends["none"].count("release", c.uid) >= 1
+
+
+# -- issue 11: batches, a lost checkpoint, start-up hygiene -----------------------------------------
+
+
+def test_prepare_many_isolates_each_claim(env: Env) -> None:
+    state = env.state()
+    first = claim([result("gpu-0")])
+    conflicting = claim([result("gpu-0")])  # the same GPU exclusively, later in the same call
+    unknown = claim([result("gpu-9")])
+    shared = [claim([result("gpu-1", share_id=new_share_id(), memory="1Gi")]) for _ in range(3)]
+    outcomes = state.prepare_many([first, conflicting, unknown, *shared, first])
+    assert isinstance(outcomes[conflicting.uid], ClaimError)
+    assert "already prepared for ResourceClaim" in str(outcomes[conflicting.uid])
+    assert isinstance(outcomes[unknown.uid], ClaimError)
+    assert all(not isinstance(outcomes[c.uid], ClaimError) for c in (first, *shared))
+    assert sorted(state.prepared_claims()) == sorted(c.uid for c in (first, *shared))
+    assert len(env.spec_files()) == 4
+    # One write records every claim started, one every claim completed.
+    assert [e for e, _ in env.effects].count("checkpoint-started") == 4
+
+
+def test_prepare_many_undoes_only_the_claim_whose_acquire_failed(env: Env) -> None:
+    state = env.state()
+    good = claim([result("gpu-0", share_id=new_share_id(), memory="1Gi")])
+    bad = claim([result("gpu-1", share_id=new_share_id(), memory="1Gi")], config=mps_config())
+    env.backends["mps"].fail_acquire = "mps daemon did not start"
+    outcomes = state.prepare_many([good, bad])
+    assert "mps daemon did not start" in str(outcomes[bad.uid])
+    assert not isinstance(outcomes[good.uid], ClaimError)
+    assert sorted(state.prepared_claims()) == [good.uid]
+    assert env.spec_files() == [f"k8s.fractional.dev-gpu_{good.uid}.json"]
+
+
+CORRUPTIONS: dict[str, Callable[[bytes], bytes]] = {
+    "truncated": lambda data: data[: len(data) // 2],
+    "zeroed": lambda data: b"\0" * len(data),
+    "garbage": lambda data: bytes(range(256)) * 4,
+    "wrong checksum": lambda data: data.replace(b'"name":"c', b'"name":"x'),
+    "unknown version": lambda data: data.replace(
+        b"checkpoint.fractional.dev/v2", b"checkpoint.fractional.dev/v0"
+    ),
+    "empty": lambda data: b"",
+}
+
+
+@pytest.mark.parametrize("corruption", sorted(CORRUPTIONS))
+def test_corrupt_checkpoint_keeps_the_exclusivity_guard(env: Env, corruption: str) -> None:
+    exclusive = claim([result("gpu-0")])
+    share_id = new_share_id()
+    shared = claim([result("gpu-1", share_id=share_id, memory="1Gi")], config=mps_config())
+    env.state().prepare_many([exclusive, shared])
+    path = env.plugin_dir / "checkpoint.json"
+    path.write_bytes(CORRUPTIONS[corruption](path.read_bytes()))
+
+    restarted = env.state()
+    assert restarted.restore() == 2  # recovered from the CDI specs; the MPS share is held again
+    recovered = restarted.prepared_claims()
+    assert {uid: entry.phase for uid, entry in recovered.items()} == {
+        exclusive.uid: ClaimPhase.RECOVERED,
+        shared.uid: ClaimPhase.RECOVERED,
+    }
+    with pytest.raises(ClaimError, match=rf"already prepared for ResourceClaim with UID {exclusive.uid}"):
+        restarted.prepare(claim([result("gpu-0", share_id=new_share_id(), memory="1Gi")]))
+    with pytest.raises(ClaimError, match=rf"UID {shared.uid} .* with share {share_id[:8]}"):
+        restarted.prepare(claim([result("gpu-1", share_id=share_id, memory="1Gi")], config=mps_config()))
+    with pytest.raises(ClaimError, match="EXCLUSIVE_PROCESS"):  # the recovered backend is known
+        restarted.prepare(claim([result("gpu-1", share_id=new_share_id(), memory="1Gi")]))
+    # The kubelet's next Prepare of a recovered claim recomputes it, and Unprepare cleans it up.
+    assert restarted.prepare(exclusive)[0].request_names == ("gpu",)
+    assert restarted.prepared_claims()[exclusive.uid].phase is ClaimPhase.COMPLETED
+    restarted.unprepare(shared.ref)
+    restarted.unprepare(exclusive.ref)
+    assert env.spec_files() == [] and restarted.prepared_claims() == {}
+    # Acquired by the first agent and again by the restore (backends outlive agents in this test);
+    # the unprepare of the recovered claim released it.
+    assert env.backends["mps"].count("acquire", shared.uid) == 2
+    assert env.backends["mps"].count("release", shared.uid) == 1
+
+
+def test_cdi_specs_without_a_checkpoint_are_adopted(env: Env) -> None:
+    exclusive = claim([result("gpu-0")])
+    env.state().prepare(exclusive)
+    (env.plugin_dir / "checkpoint.json").unlink()
+    restarted = env.state()
+    restarted.restore()
+    assert restarted.prepared_claims()[exclusive.uid].phase is ClaimPhase.RECOVERED
+    with pytest.raises(ClaimError, match="already prepared"):
+        restarted.prepare(claim([result("gpu-0")]))
+
+
+def test_unreadable_cdi_spec_is_skipped(env: Env) -> None:
+    env.cdi_root.mkdir(parents=True)
+    uid = "00000000-0000-4000-8000-999999999999"
+    (env.cdi_root / f"k8s.fractional.dev-gpu_{uid}.json").write_text("{not json")
+    (env.cdi_root / "k8s.fractional.dev-gpu_x.json").write_text('{"devices": [{"name": "x-gpu-7"}]}')
+    state = env.state()
+    state.restore()
+    assert state.prepared_claims() == {}
+
+
+def test_leftover_temp_files_are_removed_at_start(env: Env) -> None:
+    state = env.state()
+    state.prepare(claim([result("gpu-0")]))
+    leftovers = [
+        env.plugin_dir / ".checkpoint.json.abc123.tmp",
+        env.cdi_root / ".k8s.fractional.dev-gpu_00000000-0000-4000-8000-000000000001.json.x1y2.tmp",
+    ]
+    kept = [env.plugin_dir / "notes.tmp", env.cdi_root / ".other-vendor.json.1.tmp"]
+    for path in leftovers + kept:
+        path.write_text("partial")
+    env.state().restore()
+    assert [path.exists() for path in leftovers] == [False, False]
+    assert all(path.exists() for path in kept)
+
+
+def test_cdi_root_is_created_0755_whatever_the_umask(tmp_path: Path, inventory: NodeInventory) -> None:
+    env = Env(tmp_path, inventory)
+    env.cdi_root = tmp_path / "run" / "cdi"
+    previous = os.umask(0)
+    try:
+        env.state()
+    finally:
+        os.umask(previous)
+    assert oct(env.cdi_root.stat().st_mode & 0o777) == "0o755"
+    assert oct(env.cdi_root.parent.stat().st_mode & 0o777) == "0o755"
+
+
+def test_backend_errors_name_the_claim(env: Env) -> None:
+    state = env.state()
+    env.backends["none"].fail_acquire = "no room"
+    c = claim([result("gpu-0", share_id=new_share_id(), memory="1Gi")])
+    with pytest.raises(ClaimError, match=rf"ResourceClaim ns/{c.ref.name} \({c.uid}\): sharing: no room"):
+        state.prepare(c)

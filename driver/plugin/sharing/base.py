@@ -59,6 +59,12 @@ class ShareSpec:
     compute_percent: int  # guaranteed SM share, 0 = best effort
     whole_gpu: bool  # all of the GPU's memory: no limits are applied
     backend_options: tuple[tuple[str, str], ...] = ()  # decoded GpuConfig options for this backend
+    claim_key: str = ""  # "namespace/name" of the claim, for messages
+
+    @property
+    def claim(self) -> str:
+        """How errors name the claim: ``namespace/name (uid)``, or the UID alone when unknown."""
+        return f"{self.claim_key} ({self.claim_uid})" if self.claim_key else self.claim_uid
 
 
 class SharingBackend(Protocol):

@@ -119,7 +119,7 @@ class HamiBackend:
                     _write_if_changed(self.preload_file, LIBRARY_IN_CONTAINER + "\n")
             except OSError as error:
                 raise ClaimError(
-                    claim=share.claim_uid,
+                    claim=share.claim,
                     field="sharing.hami",
                     problem=f"cannot prepare {self._root}: {error}",
                 ) from error

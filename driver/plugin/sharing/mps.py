@@ -163,13 +163,11 @@ class MpsBackend:
         key = (share.claim_uid, share.device, share.share_id)
         with self._lock:
             if self._closed:
-                raise ClaimError(
-                    claim=share.claim_uid, field="sharing.mps", problem="the node agent is stopping"
-                )
+                raise ClaimError(claim=share.claim, field="sharing.mps", problem="the node agent is stopping")
             for other in self._daemons.values():
                 if other.gpu_uuid != share.gpu_uuid and any(k[0] == share.claim_uid for k in other.shares):
                     raise ClaimError(
-                        claim=share.claim_uid,
+                        claim=share.claim,
                         field="sharing.backend",
                         problem=(
                             f"MPS shares of {other.device} and {share.device} in one claim: an MPS client "
@@ -186,7 +184,7 @@ class MpsBackend:
                     daemon.pid = self._launch(share.gpu_uuid)
                 except _DaemonError as error:
                     raise ClaimError(
-                        claim=share.claim_uid, field="sharing.mps", problem=f"{share.device}: {error}"
+                        claim=share.claim, field="sharing.mps", problem=f"{share.device}: {error}"
                     ) from error
                 daemon.failures = 0
             daemon.shares.add(key)
@@ -278,7 +276,7 @@ class MpsBackend:
             self.pipe_dir(uuid).mkdir(parents=True, exist_ok=True)
             self.log_dir(uuid).mkdir(parents=True, exist_ok=True)
         except OSError as error:
-            raise ClaimError(claim=share.claim_uid, field="sharing.mps", problem=str(error)) from error
+            raise ClaimError(claim=share.claim, field="sharing.mps", problem=str(error)) from error
         state = self._read_state(uuid)
         previous = _optional_int(state.get("previousComputeMode")) if state else None
         if self._nvml is not None:
@@ -294,7 +292,7 @@ class MpsBackend:
                 if state is None:
                     self._state_file(uuid).unlink(missing_ok=True)
                 raise ClaimError(
-                    claim=share.claim_uid,
+                    claim=share.claim,
                     field="sharing.mps",
                     problem=f"{share.device}: cannot set compute mode EXCLUSIVE_PROCESS: {error}",
                 ) from error
@@ -310,7 +308,7 @@ class MpsBackend:
                 self._restore_mode(uuid, share.device, previous)
                 self._state_file(uuid).unlink(missing_ok=True)
                 raise ClaimError(
-                    claim=share.claim_uid, field="sharing.mps", problem=f"{share.device}: {error}"
+                    claim=share.claim, field="sharing.mps", problem=f"{share.device}: {error}"
                 ) from error
             log.info("mps daemon started", extra={"device": share.device, "gpu_uuid": uuid, "pid": pid})
         return _Daemon(gpu_uuid=uuid, device=share.device, pid=pid, previous_mode=previous)
