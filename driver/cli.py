@@ -25,6 +25,8 @@ from driver.config import (
     DiscoverConfig,
     PlanConfig,
     PluginConfig,
+    StatusConfig,
+    WhyConfig,
     env_name,
 )
 from driver.errors import ConfigError, FractionalError
@@ -237,6 +239,19 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep-running", action="store_true", default=_env_bool("--keep-running"))
     p.add_argument("--output-dir", default=_env("--output-dir", "demo-output"))
     _add_common(p, default_level="warning")  # the demo talks through its progress lines
+
+    p = sub.add_parser("status", help="the cluster's GPUs: shares, memory and compute allocated, which pods")
+    _add_kubeconfig(p)
+    p.add_argument("-n", "--namespace", default=_env("--namespace", None), help="claims of one namespace")
+    p.add_argument("--watch", action="store_true", default=_env_bool("--watch"), help="redraw until Ctrl-C")
+    p.add_argument("--interval", type=float, default=_env_float("--interval", 2.0), help="seconds")
+    _add_common(p, default_level="warning")
+
+    p = sub.add_parser("why", help="why a pod is still gated or pending")
+    p.add_argument("pod", metavar="NAMESPACE/POD")
+    _add_kubeconfig(p)
+    p.add_argument("--policy", default=_env("--policy", "best-fit"), help="best-fit | first-fit")
+    _add_common(p, default_level="warning")
     return parser
 
 
@@ -392,6 +407,23 @@ def _run_demo(args: argparse.Namespace) -> int:
     return run_demo(config, _stop_event_on_signals(), out=sys.stdout)
 
 
+def _run_status(args: argparse.Namespace) -> int:
+    from driver.status import run_status
+
+    config = StatusConfig(
+        kubeconfig=args.kubeconfig, namespace=args.namespace, watch=args.watch, interval_seconds=args.interval
+    )
+    return run_status(config, _stop_event_on_signals(), out=sys.stdout)
+
+
+def _run_why(args: argparse.Namespace) -> int:
+    from driver.why import run_why
+
+    for line in run_why(WhyConfig(pod=args.pod, kubeconfig=args.kubeconfig, policy=args.policy)):
+        print(line)
+    return 0
+
+
 _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "discover": _run_discover,
     "plugin": _run_plugin,
@@ -399,6 +431,8 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "plan": _run_plan,
     "apiserver": _run_apiserver,
     "demo": _run_demo,
+    "status": _run_status,
+    "why": _run_why,
 }
 
 

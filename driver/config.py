@@ -17,6 +17,8 @@ __all__ = [
     "DiscoverConfig",
     "PlanConfig",
     "PluginConfig",
+    "StatusConfig",
+    "WhyConfig",
     "env_name",
 ]
 
@@ -183,3 +185,27 @@ class DemoConfig:
 
     def __post_init__(self) -> None:
         _check_choice("--scenario", self.scenario, ("full", "small"))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StatusConfig:
+    kubeconfig: str | None = None
+    namespace: str | None = None  # claims of one namespace; None = all
+    watch: bool = False
+    interval_seconds: float = 2.0
+
+    def __post_init__(self) -> None:
+        _check_positive("--interval", self.interval_seconds)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WhyConfig:
+    pod: str  # "namespace/name"
+    kubeconfig: str | None = None
+    policy: str = "best-fit"
+
+    def __post_init__(self) -> None:
+        namespace, _, name = self.pod.partition("/")
+        if not namespace or not name or "/" in name:
+            raise ConfigError(field="NAMESPACE/POD", problem=f"{self.pod!r} is not namespace/name")
+        _check_choice("--policy", self.policy, POLICIES)

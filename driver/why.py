@@ -1,0 +1,283 @@
+"""``fractional why NAMESPACE/POD``: why a pod is still gated or pending, in words.
+
+Read from the API (pods, claims, slices, classes, nodes, events), then explained by pure code:
+
+- what holds the pod: our scheduling gate (the allocation controller has not placed it), Kueue's
+  gate (admission first), another gate, or kube-scheduler (no gate, no node);
+- each claim: allocated (where) or not, and what it asks for (``explain.describe_demand``);
+- the GPUs that came closest and what each lacks (memory, compute, taken whole, shares in the way
+  of a whole-GPU request), from the allocator's free capacities;
+- the gang it waits with (members present and gated), the best single node's offer
+  (``explain.best_node_offer``), the scale-up hint annotation and the latest events.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from driver.allocator import ClusterState
+from driver.config import WhyConfig
+from driver.controller.explain import best_node_offer, describe_demand, format_bytes
+from driver.controller.fragmentation import GpuCapacity, build_gpu_capacities, products_from_slices
+from driver.controller.gangs import PodGroup
+from driver.controller.objects import (
+    GATE,
+    HINT_ANNOTATION,
+    gang_key_of,
+    gang_size_of,
+    is_gated,
+    pod_claim_refs,
+    quantity,
+)
+from driver.errors import FractionalError
+
+__all__ = ["ClusterView", "DeviceFit", "GpuNeed", "compute_device_fits", "explain_pod", "run_why"]
+
+KUEUE_GATE = "kueue.x-k8s.io/admission"
+GPU_CLASS = "gpu.fractional.dev"
+CLOSEST = 5
+
+
+@dataclass(frozen=True, slots=True)
+class GpuNeed:
+    """The largest GPU request among a pod's pending claims."""
+
+    memory_bytes: int
+    compute_percent: int
+    whole: bool
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceFit:
+    node: str
+    device: str
+    product: str
+    lacks: tuple[str, ...]  # empty: fits on capacity
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterView:
+    """What ``explain_pod`` reads: API-shaped dicts."""
+
+    pods: Sequence[dict[str, Any]]  # of the pod's namespace
+    claims: Sequence[dict[str, Any]]  # of the pod's namespace
+    all_claims: Sequence[dict[str, Any]]  # every namespace (capacity in use)
+    slices: Sequence[dict[str, Any]]
+    classes: Sequence[dict[str, Any]]
+    nodes: Sequence[dict[str, Any]]
+    events: Sequence[dict[str, Any]]  # of the pod's namespace
+
+
+def _allocated(claim: Mapping[str, Any]) -> bool:
+    return bool((claim.get("status") or {}).get("allocation"))
+
+
+def gpu_need(claims: Iterable[Mapping[str, Any]]) -> GpuNeed | None:
+    memory, compute, whole, any_gpu = 0, 0, False, False
+    for claim in claims:
+        for request in ((claim.get("spec") or {}).get("devices") or {}).get("requests") or ():
+            exact = request.get("exactly") or next(iter(request.get("firstAvailable") or ()), None) or {}
+            if exact.get("deviceClassName") != GPU_CLASS:
+                continue
+            any_gpu = True
+            asked = (exact.get("capacity") or {}).get("requests") or {}
+            if not asked:
+                whole = True
+                continue
+            memory = max(memory, int(quantity(asked.get("memory", 0))))
+            compute = max(compute, int(quantity(asked.get("compute", 0))))
+    return GpuNeed(memory, compute, whole) if any_gpu else None
+
+
+def compute_device_fits(gpus: Iterable[GpuCapacity], need: GpuNeed) -> list[DeviceFit]:
+    """Every GPU with what it lacks for ``need``, closest first (fewest and smallest shortfalls)."""
+    ranked = []
+    for gpu in gpus:
+        lacks = []
+        shortfall = 0
+        if gpu.exclusive:
+            lacks.append("taken whole by another claim")
+            shortfall += gpu.memory_total_bytes
+        elif need.whole and gpu.shares:
+            lacks.append(f"holds {gpu.shares} share(s); a whole-GPU request needs it empty")
+            shortfall += gpu.memory_total_bytes - gpu.memory_free_bytes
+        if not gpu.exclusive and gpu.memory_free_bytes == 0:
+            lacks.append(f"all of its memory is allocated ({gpu.shares} claim(s))")
+            shortfall += need.memory_bytes or gpu.memory_total_bytes
+        elif not gpu.exclusive and need.memory_bytes > gpu.memory_free_bytes:
+            lacks.append(
+                f"memory: needs {format_bytes(need.memory_bytes)}, {format_bytes(gpu.memory_free_bytes)} free"
+            )
+            shortfall += need.memory_bytes - gpu.memory_free_bytes
+        if not gpu.exclusive and need.compute_percent > gpu.compute_free_percent:
+            lacks.append(f"compute: needs {need.compute_percent}%, {gpu.compute_free_percent}% free")
+            shortfall += (need.compute_percent - gpu.compute_free_percent) * gpu.memory_total_bytes // 100
+        ranked.append((len(lacks), shortfall, DeviceFit(gpu.node, gpu.device, gpu.product, tuple(lacks))))
+    ranked.sort(key=lambda entry: (entry[0], entry[1], entry[2].node, entry[2].device))
+    return [fit for _, _, fit in ranked]
+
+
+def _state(view: ClusterView) -> ClusterState:
+    state = ClusterState()
+    for device_class in view.classes:
+        state.upsert_class(device_class)
+    for resource_slice in view.slices:
+        state.upsert_slice(resource_slice)
+    for node in view.nodes:
+        meta = node.get("metadata") or {}
+        state.upsert_node(str(meta.get("name")), meta.get("labels") or {})
+    for claim in view.all_claims:
+        if _allocated(claim):
+            state.upsert_claim(claim)
+    return state
+
+
+def _holder(pod: Mapping[str, Any]) -> list[str]:
+    spec = pod.get("spec") or {}
+    status = pod.get("status") or {}
+    if (pod.get("metadata") or {}).get("deletionTimestamp"):
+        return ["is being deleted"]
+    if spec.get("nodeName"):
+        return [
+            f"is bound to node {spec['nodeName']} (phase {status.get('phase') or 'Pending'}): not held back"
+        ]
+    gates = [str(g.get("name")) for g in spec.get("schedulingGates") or ()]
+    lines = []
+    if KUEUE_GATE in gates:
+        lines.append(f"gated by {KUEUE_GATE}: Kueue has not admitted its workload (ours waits until it has)")
+    if GATE in gates:
+        lines.append(f"gated by {GATE}: the fractional-dra allocation controller has not placed it yet")
+    for gate in gates:
+        if gate not in (KUEUE_GATE, GATE):
+            lines.append(f"gated by {gate} (not ours)")
+    if not gates:
+        lines.append("not gated and not bound: waiting for kube-scheduler")
+        for condition in status.get("conditions") or ():
+            if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
+                lines.append(f"  kube-scheduler: {condition.get('reason')}: {condition.get('message')}")
+    return lines
+
+
+def explain_pod(pod: dict[str, Any], view: ClusterView, *, policy: str = "best-fit") -> list[str]:
+    """The lines ``fractional why`` prints (pure: reads only its arguments)."""
+    meta = pod["metadata"]
+    namespace, name = meta["namespace"], meta["name"]
+    lines = [f"pod {namespace}/{name}:", *(f"  {line}" for line in _holder(pod))]
+    claims_by_name = {c["metadata"]["name"]: c for c in view.claims}
+    pending: list[dict[str, Any]] = []
+    lines.append("claims:")
+    refs = pod_claim_refs(pod)
+    if not refs:
+        lines.append("  none")
+    for ref in refs:
+        claim = claims_by_name.get(ref.claim_name or "")
+        if claim is None:
+            what = "from a template, not created yet" if ref.from_template else "not found"
+            lines.append(f"  {ref.entry}: ResourceClaim {ref.claim_name or '?'} {what}")
+            continue
+        if _allocated(claim):
+            results = claim["status"]["allocation"]["devices"].get("results") or ()
+            where = ", ".join(f"{r['pool']}/{r['device']}" for r in results) or "no devices"
+            lines.append(f"  {claim['metadata']['name']}: allocated ({where})")
+        else:
+            pending.append(claim)
+            lines.append(f"  {claim['metadata']['name']}: not allocated; asks for {describe_demand([claim])}")
+
+    gang = gang_key_of(pod)
+    members = [p for p in view.pods if gang_key_of(p) == gang]
+    if (meta.get("labels") or {}).get("fractional.dev/gang"):
+        size = gang_size_of(pod)
+        gated = sum(1 for p in members if is_gated(p))
+        lines.append(
+            f"gang {gang}: {size if size is not None else '?'} pods expected, {len(members)} present, "
+            f"{gated} gated"
+        )
+        if size is not None and len(members) < size:
+            lines.append(f"  waits for {size - len(members)} more pod(s) of the gang to exist")
+
+    state = _state(view) if view.slices else None
+    need = gpu_need(pending)
+    if need is not None and state is not None:
+        gpus = build_gpu_capacities(state.free_summary(), products_from_slices(view.slices))
+        fits = compute_device_fits(gpus, need)
+        lines.append("closest GPUs and what each lacks:")
+        for fit in fits[:CLOSEST]:
+            lacks = "; ".join(fit.lacks) or "fits on memory and compute (selectors or constraints decide)"
+            lines.append(f"  {fit.node}/{fit.device} ({fit.product}): {lacks}")
+        if not fits:
+            lines.append("  no GPU of fractional.dev is published")
+    if pending and state is not None and is_gated(pod):
+        groups = []
+        for member in members:
+            member_claims = [
+                claims_by_name[r.claim_name]
+                for r in pod_claim_refs(member)
+                if r.claim_name in claims_by_name and not _allocated(claims_by_name[r.claim_name])
+            ]
+            if is_gated(member) and member_claims:
+                groups.append(PodGroup(pods=(member,), pending_claims=tuple(member_claims), pinned_node=None))
+        node_names = [str(n["metadata"]["name"]) for n in view.nodes]
+        offer = best_node_offer(state, groups, node_names, policy=policy)
+        if offer is not None and offer.shares:
+            lines.append(
+                f"best single node: {offer.node} has room for {offer.pods} of {len(groups)} gated pod(s) "
+                f"({offer.shares} devices)"
+            )
+        elif groups:
+            lines.append("best single node: none has room for any of its pods")
+    hint = (meta.get("annotations") or {}).get(HINT_ANNOTATION)
+    lines.append(f"scale-up hint: {hint}" if hint else "scale-up hint: none")
+    gang_name = gang.split("/", 1)[1]
+    related = [
+        e
+        for e in view.events
+        if (e.get("involvedObject") or {}).get("name")
+        in ({name} | {str(p["metadata"]["name"]) for p in members})
+        or gang_name in str(e.get("message") or "")
+    ]
+    related.sort(key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or ""))
+    if related:
+        lines.append("latest events:")
+        for event in related[-3:]:
+            lines.append(f"  {event.get('reason')}: {event.get('message')}")
+    return lines
+
+
+def read_view(configuration: Any, namespace: str) -> ClusterView:
+    from kubernetes import client
+
+    from driver.demo.objects import as_dict
+    from driver.kube import REQUEST_TIMEOUT_SECONDS, api_errors, new_api_client
+
+    api_client = new_api_client(configuration)
+    core = client.CoreV1Api(api_client)
+    resource = client.ResourceV1Api(api_client)
+    timeout = REQUEST_TIMEOUT_SECONDS
+
+    def items(what: str, call: Any, *args: Any) -> list[dict[str, Any]]:
+        with api_errors(f"list {what}"):
+            return [as_dict(item) for item in call(*args, _request_timeout=timeout).items]
+
+    return ClusterView(
+        pods=items(f"Pods in {namespace}", core.list_namespaced_pod, namespace),
+        claims=items(f"ResourceClaims in {namespace}", resource.list_namespaced_resource_claim, namespace),
+        all_claims=items("ResourceClaims", resource.list_resource_claim_for_all_namespaces),
+        slices=items("ResourceSlices", resource.list_resource_slice),
+        classes=items("DeviceClasses", resource.list_device_class),
+        nodes=items("Nodes", core.list_node),
+        events=items(f"Events in {namespace}", core.list_namespaced_event, namespace),
+    )
+
+
+def run_why(config: WhyConfig) -> list[str]:
+    """Raises ``FractionalError`` when the pod does not exist."""
+    from driver.kube.client import load_configuration
+
+    namespace, name = config.pod.split("/", 1)
+    view = read_view(load_configuration(config.kubeconfig), namespace)
+    pod = next((p for p in view.pods if p["metadata"]["name"] == name), None)
+    if pod is None:
+        raise FractionalError(f"pod {config.pod} not found")
+    return explain_pod(pod, view, policy=config.policy)
