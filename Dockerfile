@@ -20,21 +20,25 @@ RUN if ls /wheels/*.whl > /dev/null 2>&1; then \
       printf '[global]\nno-index = true\nfind-links = /wheels\n' > /opt/venv/pip.conf; \
     fi
 COPY pyproject.toml README.md ./
-COPY driver ./driver
-# Every dependency ships manylinux wheels for 3.11: no compiler is needed (or present). Then
-# strip what the agent and the controller never run:
-# - pip and setuptools (only installing needs them), type stubs;
-# - kubernetes/aio, the client's asyncio twin (68 MB with its bytecode): we use the threaded
-#   client only (STYLE.md), and `import kubernetes` does not import it.
-# and compile the bytecode once here: the image runs with PYTHONDONTWRITEBYTECODE, and importing
-# the kubernetes client uncompiled costs about 2 s at every start.
-RUN /opt/venv/bin/pip install --prefer-binary . \
- && rm -f /opt/venv/pip.conf \
- && /opt/venv/bin/pip uninstall -y -q pip setuptools \
+# Every dependency ships manylinux wheels for 3.11: no compiler is needed (or present).
+# The runtime dependencies first, in a layer of their own (a change to driver/ reuses it). Then
+# strip what the agent and the controller never run: type stubs, and kubernetes/aio, the
+# client's asyncio twin (68 MB with its bytecode; we use the threaded client, STYLE.md, and
+# `import kubernetes` does not import it). Bytecode is compiled once here: the image runs with
+# PYTHONDONTWRITEBYTECODE, and importing the kubernetes client uncompiled costs about 2 s at
+# every start.
+RUN python3 -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]))' \
+      > /tmp/requirements.txt \
+ && /opt/venv/bin/pip install --prefer-binary --no-compile -r /tmp/requirements.txt \
  && rm -rf /opt/venv/lib/python3*/site-packages/kubernetes/aio \
  && find /opt/venv \( -name '*.pyi' -o -name '*.pyx' -o -name '*.pxd' \) -type f -delete \
- && find /opt/venv -name '__pycache__' -type d -prune -exec rm -rf {} + \
  && /opt/venv/bin/python -m compileall -q -j 0 /opt/venv/lib
+COPY driver ./driver
+# The project itself; then pip and setuptools go (only installing needs them).
+RUN /opt/venv/bin/pip install --no-deps --no-compile . \
+ && rm -f /opt/venv/pip.conf \
+ && /opt/venv/bin/pip uninstall -y -q pip setuptools \
+ && /opt/venv/bin/python -m compileall -q /opt/venv/lib/python3*/site-packages/driver
 
 # -- runtime: the virtualenv and the fake-device profiles, nothing else -------------------------
 FROM ${PYTHON_IMAGE}

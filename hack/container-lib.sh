@@ -24,8 +24,8 @@ container_install() {
   fi
   echo "container-lib: installing podman and runc from Debian" >&2
   timeout 300 apt-get update -qq &&
-    DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install -y -qq --no-install-recommends \
-      podman runc uidmap slirp4netns fuse-overlayfs > /dev/null
+    DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install -y -qq \
+      podman runc > /dev/null
 }
 
 container_detect() {

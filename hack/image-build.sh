@@ -39,9 +39,14 @@ print("\n".join(project["project"]["dependencies"] + build))')
   done
   find "${wheelhouse}" -name '*.whl' -delete
   rm -f "${stamp}"
-  timeout 600 "${python}" -m pip download --quiet --disable-pip-version-check \
+  mkdir -p build
+  if ! timeout 600 "${python}" -m pip download --quiet --disable-pip-version-check \
     --dest "${wheelhouse}" --only-binary=:all: --implementation cp --python-version 3.11 \
-    --abi cp311 "${platforms[@]}" "${requirements[@]}"
+    --abi cp311 "${platforms[@]}" "${requirements[@]}" > build/image-wheels.log 2>&1; then
+    log "pip download failed; the last lines of build/image-wheels.log:"
+    tail -n 20 build/image-wheels.log >&2
+    exit 1
+  fi
   echo "${want}" > "${stamp}"
 fi
 log "$(find "${wheelhouse}" -name '*.whl' | wc -l) wheels, $(du -sm "${wheelhouse}" | cut -f1) MB"
