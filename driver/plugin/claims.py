@@ -81,7 +81,10 @@ def json_depth_exceeds(text: str, limit: int) -> bool:
     for _ in range(limit):
         if not brackets:
             return False
-        brackets = _EMPTY_PAIRS.sub("", brackets)
+        inner = _EMPTY_PAIRS.sub("", brackets)
+        if inner == brackets:
+            return False  # unbalanced: not JSON, which the decoder reports
+        brackets = inner
     return bool(brackets)
 
 
