@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 __all__ = [
     "CONTEXT",
     "DRIVER",
+    "DRIVER_IMAGE",
     "IMAGE",
     "KubectlError",
     "apply",
@@ -32,6 +33,8 @@ __all__ = [
 
 CONTEXT = os.environ.get("FRACTIONAL_E2E_CONTEXT", "kind-fractional-dra")
 IMAGE = os.environ.get("FRACTIONAL_E2E_IMAGE", "busybox:1.36")
+# The driver's image: what `make image` builds and `make image-test` ran, loaded by kind-up.
+DRIVER_IMAGE = os.environ.get("FRACTIONAL_E2E_DRIVER_IMAGE", "fractional-dra:dev")
 DRIVER = "fractional.dev"
 
 T = TypeVar("T")

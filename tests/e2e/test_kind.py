@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from e2e_support import DRIVER, apply, get, list_items, pod, pod_env, wait_for
+from e2e_support import DRIVER, DRIVER_IMAGE, apply, get, kubectl, list_items, pod, pod_env, wait_for
 from kubernetes.utils import parse_quantity
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
@@ -91,6 +91,13 @@ def allocation_of(name: str, namespace: str) -> dict[str, Any] | None:
 
 def our_results(allocation: dict[str, Any]) -> list[dict[str, Any]]:
     return [r for r in allocation["devices"]["results"] if r["driver"] == DRIVER]
+
+
+def test_the_driver_runs_the_image_make_image_built(kind_cluster: None) -> None:
+    selector = "app.kubernetes.io/part-of=fractional-dra"
+    workloads = ("daemonsets,deployments", "-n", "fractional-system", "-l", selector)
+    images = kubectl("get", *workloads, "-o", "jsonpath={.items[*].spec.template.spec.containers[*].image}")
+    assert set(images.split()) == {DRIVER_IMAGE}
 
 
 def test_two_pods_share_one_gpu_and_each_sees_its_own_limits(namespace: str) -> None:
