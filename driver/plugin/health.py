@@ -49,6 +49,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+MAX_FILE_MESSAGE_CHARS = 256  # of a health file entry's message (it is shown in events and logs)
+
 DEFAULT_IGNORED_XIDS = (13, 31, 43, 45, 68, 109)
 HEALTH_TAINT_KEY = f"{DRIVER_NAME}/unhealthy"
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
@@ -348,8 +350,8 @@ class HealthMonitor:
         try:
             with open(self._health_file) as handle:
                 data = json.load(handle)
-        except (OSError, ValueError) as error:
-            log.warning("health file unreadable, kept the last state", extra={"error": str(error)})
+        except (OSError, ValueError, RecursionError) as error:  # RecursionError: nested too deep
+            log.warning("health file unreadable, kept the last state", extra={"error": str(error)[:300]})
             return  # retried next round: the signature is not recorded
         self._file_signature = signature
         if not isinstance(data, dict):
@@ -362,12 +364,12 @@ class HealthMonitor:
         faults: dict[str, _Fault] = {}
         for name, entry in data.items():
             if name not in self._devices:
-                log.warning("health file names an unknown device", extra={"device": name})
+                log.warning("health file names an unknown device", extra={"device": str(name)[:64]})
                 continue
             entry = entry if isinstance(entry, dict) else {}
             xid = entry.get("xid")
             xid = xid if isinstance(xid, int) and not isinstance(xid, bool) else None
-            message = str(entry.get("message", ""))
+            message = str(entry.get("message", ""))[:MAX_FILE_MESSAGE_CHARS]
             if xid is not None and xid in self._ignored:
                 log.info("informational xid ignored", extra={"device": name, "xid": xid})
                 continue

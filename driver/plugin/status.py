@@ -24,7 +24,6 @@ and the next prepare of the claim writes it again.
 from __future__ import annotations
 
 import collections
-import json
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -35,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from driver import DRIVER_NAME
 from driver.errors import ConflictError, FractionalError, NotFoundError, TransientError
 from driver.inventory.model import NIC
-from driver.plugin.claims import ClaimRef
+from driver.plugin.claims import ClaimRef, decode_claim_json
 from driver.plugin.devices import DeviceKind, PreparedDevice
 from driver.plugin.metrics import CLAIM_STATUS_WRITES_TOTAL
 
@@ -382,8 +381,8 @@ class ClaimStatusWriter:
             response = self._client().read_namespaced_resource_claim(
                 ref.name, ref.namespace, _preload_content=False, _request_timeout=REQUEST_TIMEOUT_SECONDS
             )
-            body: Obj = json.loads(response.data)
-        return body
+            data = response.data
+        return dict(decode_claim_json(data, ref.key))  # bounded like every read of a claim
 
     def _replace(self, ref: ClaimRef, body: Obj, devices: list[Obj]) -> None:
         from driver.kube.client import REQUEST_TIMEOUT_SECONDS

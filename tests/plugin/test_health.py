@@ -211,6 +211,16 @@ def test_a_broken_health_file_keeps_the_last_state(tmp_path: Path, stop: threadi
     )
 
 
+def test_a_hostile_health_file_does_not_end_the_monitor(tmp_path: Path, stop: threading.Event) -> None:
+    health_file = tmp_path / "health.json"
+    health_file.write_text('{"gpu-0": ' + "[" * 100_000 + "]" * 100_000 + "}")  # RecursionError in json
+    recorder = Recorder()
+    monitor = start_monitor(stop, recorder, health_file=str(health_file))
+    write_json(health_file, {"gpu-0": {"xid": 79, "message": "m" * 1_000_000}, "x" * 1_000_000: {}})
+    assert wait_for(lambda: unhealthy(recorder, "gpu-0", 79))  # the monitor survived the deep file
+    assert len(monitor.snapshot()["gpu-0"].message) <= 256
+
+
 def test_an_unreachable_health_file_does_not_end_the_monitor(
     tmp_path: Path, stop: threading.Event, caplog: pytest.LogCaptureFixture
 ) -> None:
