@@ -269,9 +269,7 @@ class DeviceState:
                     failed.append(uid)
                     continue
                 self._effect("shares-acquired", uid)
-                recovered = self._recovered_shares.pop(uid, None)
-                if recovered is not None:  # acquired under the prefix of the share id it had in CDI
-                    self._release(uid, recovered)
+            self._release_recovered(started)
             for uid in failed:
                 cdi.remove_claim_specs(self._cdi_root, uid)
                 self._release(uid, started[uid][1])
@@ -295,14 +293,22 @@ class DeviceState:
                 self._effect("cdi-written", uid)
                 outcomes[uid] = record.devices
                 del pending[uid]
-        except (
-            Exception
-        ):  # undo, then re-raise; a BaseException (exit, kill) is a crash: the restart recovers
+        except Exception:
+            # Undo, then re-raise. A BaseException (exit, kill) is a crash: the restart recovers.
+            self._release_recovered(started)
             for uid, (_claim, devices) in pending.items():
                 cdi.remove_claim_specs(self._cdi_root, uid)
                 self._release(uid, devices)
             self._update_checkpoint(lambda checkpoint: _with_changes(checkpoint, {}, list(pending)))
             raise
+
+    def _release_recovered(self, claim_uids: Iterable[str]) -> None:
+        """A recovered claim's shares were acquired at start-up under the share-id prefix its CDI
+        spec kept; once the claim is prepared again (or undone), that hold goes."""
+        for uid in claim_uids:
+            recovered = self._recovered_shares.pop(uid, None)
+            if recovered is not None:
+                self._release(uid, recovered)
 
     def _acquire(self, devices: tuple[PreparedDevice, ...]) -> None:
         for device in devices:
