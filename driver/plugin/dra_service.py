@@ -215,22 +215,31 @@ class DRAServicer:
 
     def NodeUnprepareResources(self, request: Any, context: grpc.ServicerContext) -> Any:
         started = time.perf_counter()
-        results = {}
+        results: dict[str, Any] = {}
         try:
+            refs: dict[str, ClaimRef] = {}
             for reference in request.claims:
+                if reference.uid in refs or reference.uid in results:
+                    continue  # named twice: one answer
                 try:
-                    ref = make_claim_ref(
+                    refs[reference.uid] = make_claim_ref(
                         namespace=reference.namespace, name=reference.name, uid=reference.uid
                     )
-                    was_prepared = self._state.unprepare(ref)  # never GETs the claim: it may be gone
                 except ClaimError as error:
                     reason = self._claim_failed("unprepare", reference.uid, error)
                     results[reference.uid] = self._pb.NodeUnprepareResourceResponse(error=reason)
+            # Never GETs the claims: they may be gone.
+            outcomes = self._state.unprepare_many(list(refs.values()))
+            for uid, ref in refs.items():
+                outcome = outcomes[uid]
+                if isinstance(outcome, ClaimError):
+                    reason = self._claim_failed("unprepare", uid, outcome)
+                    results[uid] = self._pb.NodeUnprepareResourceResponse(error=reason)
                     continue
                 CLAIM_OPERATIONS_TOTAL.labels(operation="unprepare", result="ok").inc()
-                if was_prepared and self._status is not None:
+                if outcome and self._status is not None:
                     self._status.unprepared(ref)
-                results[reference.uid] = self._pb.NodeUnprepareResourceResponse()
+                results[uid] = self._pb.NodeUnprepareResourceResponse()
         except FractionalError as error:
             self._fail(context, "NodeUnprepareResources", error)
         finally:

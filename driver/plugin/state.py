@@ -331,18 +331,37 @@ class DeviceState:
     def unprepare(self, ref: ClaimRef) -> bool:
         """Undo ``prepare``; unknown or already unprepared claims succeed. True when the claim was
         in the checkpoint (it had been prepared, or its prepare had started)."""
-        uid = ref.uid
-        with self._serialized(uid):
-            entry = self._store.load().claims.get(uid)
-            cdi.remove_claim_specs(self._cdi_root, uid)
-            self._effect("cdi-removed", uid)
-            if entry is None:
-                return False
-            self._release(uid, entry.devices)
-            self._effect("shares-released", uid)
-            self._update_checkpoint(lambda checkpoint: checkpoint.without(uid))
-            self._effect("checkpoint-removed", uid)
-        return True
+        outcome = self.unprepare_many([ref])[ref.uid]
+        if isinstance(outcome, ClaimError):
+            raise outcome
+        return outcome
+
+    def unprepare_many(self, refs: Sequence[ClaimRef]) -> dict[str, bool | ClaimError]:
+        """``unprepare`` for the claims of one call, with one checkpoint write for all of them:
+        claim UID -> whether it was in the checkpoint, or why it could not be undone."""
+        uids: list[str] = list(dict.fromkeys(ref.uid for ref in refs))
+        outcomes: dict[str, bool | ClaimError] = {}
+        with self._serialized_many(uids):
+            claims = self._store.load().claims
+            removed: list[str] = []
+            for uid in uids:
+                entry = claims.get(uid)
+                try:
+                    cdi.remove_claim_specs(self._cdi_root, uid)
+                    self._effect("cdi-removed", uid)
+                    if entry is not None:
+                        self._release(uid, entry.devices)
+                        self._effect("shares-released", uid)
+                        removed.append(uid)
+                except ClaimError as error:
+                    outcomes[uid] = error
+                    continue
+                outcomes[uid] = entry is not None
+            if removed:
+                self._update_checkpoint(lambda checkpoint: _with_changes(checkpoint, {}, removed))
+                for removed_uid in removed:
+                    self._effect("checkpoint-removed", removed_uid)
+        return outcomes
 
     def _release(self, claim_uid: str, devices: tuple[PreparedDevice, ...]) -> None:
         for device in devices:

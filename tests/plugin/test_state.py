@@ -434,3 +434,15 @@ def test_backend_errors_name_the_claim(env: Env) -> None:
     c = claim([result("gpu-0", share_id=new_share_id(), memory="1Gi")])
     with pytest.raises(ClaimError, match=rf"ResourceClaim ns/{c.ref.name} \({c.uid}\): sharing: no room"):
         state.prepare(c)
+
+
+def test_unprepare_many_undoes_every_claim(env: Env) -> None:
+    state = env.state()
+    many = [claim([result(f"gpu-{i % 2}", share_id=new_share_id(), memory="256Mi")]) for i in range(20)]
+    state.prepare_many(many)
+    unknown = ClaimRef(namespace="ns", name="x", uid=ClaimUID("ffffffff-0000-4000-8000-000000000001"))
+    outcomes = state.unprepare_many([c.ref for c in many] + [unknown])
+    assert outcomes == {**{c.uid: True for c in many}, unknown.uid: False}
+    assert state.prepared_claims() == {} and env.spec_files() == []
+    assert env.backends["none"].count("release") == 20
+    assert [e for e, _ in env.effects].count("checkpoint-removed") == 20
