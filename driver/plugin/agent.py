@@ -52,6 +52,7 @@ from driver.plugin.dra_service import ClaimFetcher, ClaimSource, add_dra_service
 from driver.plugin.gpu_metrics import GPU_METRICS, GpuMetricsSource
 from driver.plugin.health import HealthMonitor, build_health_taints
 from driver.plugin.health_service import HealthStreamer
+from driver.plugin.memory import limit_malloc_arenas
 from driver.plugin.metrics import HEALTH_CHANGES_TOTAL
 from driver.plugin.proto_gen import (
     dra_health_v1alpha1_pb2_grpc,
@@ -179,7 +180,7 @@ class NodeAgent:
         self.slices_published = threading.Event()
         self.serving = threading.Event()
         self.state: DeviceState | None = None
-        self.gpu_metrics: GpuMetricsSource | None = None  # GPU and per-share series (driver.plugin.gpu_metrics)
+        self.gpu_metrics: GpuMetricsSource | None = None  # GPU and per-share series
 
     # -- start ---------------------------------------------------------------------------------
 
@@ -470,6 +471,7 @@ def _build_gpu_metrics(
 
 def run_agent(config: PluginConfig, stop: threading.Event) -> int:
     """``fractional plugin``: run until ``stop`` (SIGTERM/SIGINT), then shut down cleanly; 0."""
+    limit_malloc_arenas()
     agent = NodeAgent(config)
     agent.start()
     try:

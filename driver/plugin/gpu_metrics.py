@@ -217,6 +217,9 @@ class GpuMetricsSource:
         self._prepared_claims = prepared_claims
         self._proc_root = Path(proc_root)
         self._gpus_by_name = {gpu.name: gpu for gpu in inventory.gpus}
+        # pid -> its pod and container, kept while NVML lists the pid (a cgroup does not change
+        # while the process lives); pids NVML no longer lists are dropped at each scrape.
+        self._cgroups: dict[int, ContainerIdentity | None] = {}
 
     def _shares(self) -> list[_ShareRow]:
         rows = []
@@ -248,7 +251,7 @@ class GpuMetricsSource:
         shares_by_gpu: dict[str, list[_ShareRow]] = defaultdict(list)
         for row in shares:
             shares_by_gpu[row.gpu.name].append(row)
-        cgroups: dict[int, ContainerIdentity | None] = {}
+        known, cgroups = self._cgroups, {}
         for gpu in self.inventory.gpus:
             reading = self.telemetry.read(gpu.uuid)
             labels = (node, gpu.name, gpu.uuid, gpu.product_name)
@@ -265,10 +268,15 @@ class GpuMetricsSource:
             families.counter("fractional_gpu_xid_errors", labels, self.xids.count(gpu.name))
             for process in reading.processes:
                 if process.pid not in cgroups:
-                    cgroups[process.pid] = read_process_container(self._proc_root, process.pid)
+                    cgroups[process.pid] = (
+                        known[process.pid]
+                        if process.pid in known
+                        else read_process_container(self._proc_root, process.pid)
+                    )
             self._collect_shares(families, node, gpu, reading, shares_by_gpu.get(gpu.name, []), cgroups)
             if self.dcgm_names:
                 self._collect_dcgm(families, node, gpu, reading, shares_by_gpu.get(gpu.name, []))
+        self._cgroups = cgroups  # two scrapes at once: the last map wins, a lost entry is read again
 
     def _collect_shares(
         self,
