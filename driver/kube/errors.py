@@ -14,12 +14,18 @@ from driver.errors import ConflictError, FractionalError, NotFoundError, Transie
 __all__ = ["api_errors", "check_response_status", "translate_api_exception"]
 
 
+MAX_REASON_CHARS = 500  # an API message can quote a whole object (a tenant's claim): never echo it all
+
+
 def _reason(error: ApiException) -> str:
     try:
         body = json.loads(error.body or "{}")
-        return str(body.get("message") or error.reason)
-    except (ValueError, TypeError):
-        return str(error.reason)
+        reason = str(body.get("message") or error.reason)
+    except (ValueError, TypeError, AttributeError, RecursionError):
+        reason = str(error.reason)
+    if len(reason) > MAX_REASON_CHARS:
+        return f"{reason[:MAX_REASON_CHARS]}... ({len(reason) - MAX_REASON_CHARS} more characters)"
+    return reason
 
 
 def translate_api_exception(error: ApiException, what: str) -> FractionalError:
@@ -42,7 +48,7 @@ def api_errors(what: str) -> Iterator[None]:
     except ApiException as error:
         raise translate_api_exception(error, what) from error
     except (urllib3.exceptions.HTTPError, ConnectionError) as error:
-        raise TransientError(f"{what}: {error}") from error
+        raise TransientError(f"{what}: {str(error)[:MAX_REASON_CHARS]}") from error
 
 
 def check_response_status(status: int, body: bytes, what: str) -> None:

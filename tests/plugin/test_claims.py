@@ -120,3 +120,15 @@ def test_echoes_are_bounded() -> None:
     assert bounded("x" * 10) == "x" * 10
     assert bounded("x" * 1_000_000) == "x" * 200 + "... (999800 more characters)"
     assert quoted("é" * 1_000).startswith("'éé") and len(quoted("é" * 1_000)) < 250
+
+
+def test_api_error_messages_are_bounded() -> None:
+    from kubernetes.client.exceptions import ApiException
+
+    from driver.kube.errors import translate_api_exception
+
+    error = ApiException(status=422, reason="Unprocessable Entity")
+    error.body = json.dumps({"message": "x" * 1_000_000})
+    assert len(str(translate_api_exception(error, "update ResourceClaim ns/c"))) < 700
+    error.body = '{"message": ' + "[" * 100_000 + "]" * 100_000 + "}"  # nested past json's limit
+    assert str(translate_api_exception(error, "get x")) == "get x: HTTP 422: Unprocessable Entity"
