@@ -68,7 +68,7 @@ from driver.plugin.sharing.factory import build_sharing_backends
 from driver.plugin.sharing.mps import MpsBackend
 from driver.plugin.state import DeviceState, EffectHook
 from driver.plugin.status import ClaimStatusWriter
-from driver.plugin.usage import PodIndex, RecordingClaimSource
+from driver.plugin.usage import PodIndex, RecordingClaimSource, learn_reserved_pods
 from driver.probes import ProbeServer
 from driver.slices import Taints
 
@@ -306,6 +306,16 @@ class NodeAgent:
             reader.connect(self._require_configuration())
         if self._status_writer is not None:
             self._status_writer.connect(self._require_configuration())
+        prepared = self.state.prepared_claims()
+        if prepared:  # restored claims: learn their pods for the per-share series
+            thread = threading.Thread(
+                target=learn_reserved_pods,
+                args=(claims, prepared, self.stop_event),
+                name="pod-index",
+                daemon=True,
+            )
+            thread.start()
+            self._threads.append(thread)
 
         self._health.start()
         if self._publish_slices:

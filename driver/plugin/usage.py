@@ -16,6 +16,7 @@ of the host: it needs the host's PID namespace (``hostPID``) or the host's ``/pr
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 from collections.abc import Iterable, Mapping
@@ -23,7 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from driver.plugin.claims import Claim, ClaimRef
+from driver.errors import FractionalError
+from driver.plugin.checkpoint import PreparedClaim
+from driver.plugin.claims import Claim, ClaimRef, ClaimUID
 from driver.plugin.dra_service import ClaimSource
 
 __all__ = [
@@ -31,10 +34,13 @@ __all__ = [
     "PodIndex",
     "PodRef",
     "RecordingClaimSource",
+    "learn_reserved_pods",
     "parse_cgroup",
     "parse_reserved_pods",
     "read_process_container",
 ]
+
+log = logging.getLogger(__name__)
 
 _POD_UID = re.compile(
     r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})(?:\.slice)?(?:/|$)"
@@ -129,3 +135,22 @@ class RecordingClaimSource:
         claim = self._inner.read(ref)
         self._index.remember(claim.uid, parse_reserved_pods(claim.body))
         return claim
+
+
+def learn_reserved_pods(
+    source: ClaimSource, prepared: Mapping[str, PreparedClaim], stop: threading.Event
+) -> int:
+    """After an agent restart the kubelet does not prepare running pods' claims again: read the
+    claims the checkpoint holds through ``source`` (a ``RecordingClaimSource``) so that their
+    shares' series name their pods again. A claim that cannot be read is skipped (logged)."""
+    learned = 0
+    for uid, entry in sorted(prepared.items()):
+        if stop.is_set():
+            break
+        try:
+            source.read(ClaimRef(namespace=entry.namespace, name=entry.name, uid=ClaimUID(uid)))
+        except FractionalError as error:
+            log.info("pods of a prepared claim not learned", extra={"claim_uid": uid, "reason": str(error)})
+            continue
+        learned += 1
+    return learned

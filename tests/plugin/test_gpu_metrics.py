@@ -22,7 +22,7 @@ from driver.plugin.gpu_metrics import XidCounter
 from driver.plugin.health import DeviceHealth
 from driver.plugin.usage import ContainerIdentity, parse_cgroup
 from driver.probes import ProbeServer
-from tests.plugin.conftest import GIB, NAMESPACE, NODE, Claims, new_share_id, result
+from tests.plugin.conftest import GIB, NAMESPACE, NODE, Claims, new_share_id, result, wait_for
 
 POD_UID = "0b9ad2f6-1c1e-4a57-9d43-3f4c2b8e7a10"
 CONTAINER_ID = "4f1c9e2ab7d34c0e8f5a6b7c8d9e0f1a2b3c4d5e6f708192a3b4c5d6e7f80912"
@@ -229,3 +229,27 @@ def test_dcgm_named_series_when_enabled(
     (idle,) = _select(samples, "DCGM_FI_DEV_GPU_UTIL", UUID=other.uuid)
     assert (idle[1]["namespace"], idle[1]["pod"], idle[2]) == ("", "", 0)
     kubelet.unprepare([ref])
+
+
+def test_a_restarted_agent_names_the_pods_of_restored_shares(
+    start_agent: Callable[..., NodeAgent],
+    make_kubelet: Callable[..., KubeletSimulator],
+    claims: Claims,
+    kube_configuration: client.Configuration,
+    scrape: Callable[[], list[Sample]],
+) -> None:
+    first = start_agent()
+    kubelet = make_kubelet()
+    ref = claims.create("restored-share", [result("gpu-0", share_id=new_share_id(), memory="1Gi")])
+    _reserve(kube_configuration, ref, "survivor", POD_UID)
+    assert kubelet.prepare([ref])[ref["uid"]]["error"] == ""
+    first.stop(grace=0)
+    assert _select(scrape(), "fractional_share_memory_allocated_bytes", claim="restored-share") == []
+    start_agent()  # same plugin dir and boot: the checkpoint is restored, no Prepare comes again
+
+    def named() -> list[Sample]:
+        return _select(
+            scrape(), "fractional_share_memory_allocated_bytes", claim="restored-share", pod="survivor"
+        )
+
+    assert wait_for(named, what="the restored share's series with its pod")
