@@ -180,6 +180,8 @@ class DRAServicer:
                     results[reference.uid] = self._pb.NodePrepareResourceResponse(error=reason)
             try:
                 fetched = self._fetcher.fetch(list(refs.values()), deadline=deadline)  # outside every lock
+                if deadline is not None and time.monotonic() > deadline:
+                    raise DeadlineExceeded(f"read all {len(refs)} claims, too late to prepare them")
             except DeadlineExceeded as error:
                 log.warning(
                     "rpc deadline passed, nothing prepared",
