@@ -40,6 +40,7 @@ from driver.cluster.emulator_store import (
     Watcher,
     WatchEvent,
     conflict_error,
+    new_timestamp,
 )
 from driver.cluster.emulator_strategy import (
     build_namespace,
@@ -68,6 +69,8 @@ class _Fault:
     name: str | None
 
 
+INITIAL_NAMESPACES = ("default", "kube-node-lease", "kube-public", "kube-system")
+_NAMESPACES = ResourceType("", "v1", "namespaces", "Namespace", namespaced=False, status_subresource=True)
 _REASONS = {
     400: "BadRequest", 401: "Unauthorized", 403: "Forbidden", 404: "NotFound", 409: "Conflict", 410: "Gone",
     422: "Invalid", 429: "TooManyRequests", 500: "InternalError", 503: "ServiceUnavailable", 504: "Timeout",
@@ -100,6 +103,12 @@ class APIServer:
         self._stopping = threading.Event()
         self._httpd: ThreadedHTTPServer | None = None
         self._serve_thread: threading.Thread | None = None
+        for namespace in INITIAL_NAMESPACES:  # what kube-apiserver's system namespaces controller creates
+            self._store.create(
+                _NAMESPACES,
+                build_namespace(namespace),
+                lambda obj: prepare_create(_NAMESPACES, obj, self._validator.validate),
+            )
 
     # lifecycle ---------------------------------------------------------------------------------
 
@@ -241,6 +250,11 @@ class APIServer:
                 return 200, self._delete_collection(route, query, options)
             raise _method_not_allowed(method)
         namespace = route.namespace or ""
+        if route.subresource == "finalize":
+            if method != "PUT":
+                raise _method_not_allowed(method)
+            self._record("update", route)
+            return 200, self._finalize(route, _require_object(body), options)
         if route.subresource == "binding":
             if method != "POST":
                 raise _method_not_allowed(method)
@@ -317,13 +331,33 @@ class APIServer:
         else:
             metadata.pop("namespace", None)
         obj = {**obj, "metadata": metadata}
+        if rtype.namespaced:
+            self._check_namespace_open(rtype, route.namespace or "", metadata.get("name") or "")
         return self._store.create(
             rtype,
             obj,
             lambda stamped: prepare_create(rtype, stamped, self._validate_for(options)),
-            ensure_namespace=build_namespace,
             dry_run=options.dry_run,
         )
+
+    def _check_namespace_open(self, rtype: ResourceType, namespace: str, name: str) -> None:
+        """NamespaceLifecycle admission: no new objects in a namespace that is missing or terminating."""
+        try:
+            current = self._store.get(_NAMESPACES, "", namespace)
+        except StatusError:
+            raise StatusError(
+                code=404, reason="NotFound", message=f'namespaces "{namespace}" not found',
+                details={"name": namespace, "kind": "namespaces"},
+            ) from None  # fmt: skip
+        if current["metadata"].get("deletionTimestamp"):
+            raise StatusError(
+                code=403, reason="Forbidden",
+                message=f'{rtype.qualified} "{name}" is forbidden: unable to create new content in namespace '
+                f"{namespace} because it is being terminated",
+                details={"name": name, "group": rtype.group, "kind": rtype.plural,
+                         "causes": [{"reason": "NamespaceTerminating", "field": "metadata.namespace",
+                                     "message": f"namespace {namespace} is being terminated"}]},
+            )  # fmt: skip
 
     def _update(self, route: Route, body: Obj, options: RequestOptions) -> Obj:
         rtype = route.rtype
@@ -397,12 +431,49 @@ class APIServer:
 
         if isinstance(body, dict) and body.get("dryRun") == ["All"]:  # DeleteOptions may carry it too
             options.dry_run = True
+        if rtype.plural == "namespaces":
+            return self._delete_namespace(route, options)
         obj, removed = self._store.delete(
             rtype, route.namespace or "", route.name or "", check, dry_run=options.dry_run
         )
         if not removed or rtype.returns_object_on_delete:
             return obj
         return _success_status(rtype, obj)
+
+    def _delete_namespace(self, route: Route, options: RequestOptions) -> Obj:
+        """A namespace with ``spec.finalizers`` turns ``Terminating``: the namespace controller deletes
+        its content, then calls ``/finalize``, after which the server removes it."""
+        name = route.name or ""
+
+        def terminate(current: Obj) -> Obj:
+            if current["metadata"].get("deletionTimestamp"):
+                return current
+            metadata = {
+                **current["metadata"],
+                "deletionTimestamp": new_timestamp(),
+                "deletionGracePeriodSeconds": 0,
+            }
+            return {
+                **current,
+                "metadata": metadata,
+                "status": {**(current.get("status") or {}), "phase": "Terminating"},
+            }
+
+        current = self._store.get(route.rtype, "", name)
+        if not (current.get("spec") or {}).get("finalizers") and not current["metadata"].get("finalizers"):
+            obj, _ = self._store.delete(route.rtype, "", name, dry_run=options.dry_run)
+            return obj
+        return self._store.update(route.rtype, "", name, terminate, dry_run=options.dry_run)
+
+    def _finalize(self, route: Route, body: Obj, options: RequestOptions) -> Obj:
+        """``namespaces/<name>/finalize``: only ``spec.finalizers`` changes."""
+        _check_type(route.rtype, body)
+        finalizers = (body.get("spec") or {}).get("finalizers") or []
+
+        def compute(current: Obj) -> Obj:
+            return {**current, "spec": {**(current.get("spec") or {}), "finalizers": list(finalizers)}}
+
+        return self._store.update(route.rtype, "", route.name or "", compute, dry_run=options.dry_run)
 
     def _delete_collection(self, route: Route, query: dict[str, str], options: RequestOptions) -> Obj:
         rtype = route.rtype
@@ -423,7 +494,9 @@ class APIServer:
             query.get("labelSelector"), query.get("fieldSelector"), rtype.field_labels, rtype.kind
         )
         watcher = Watcher(rtype, route.namespace, matches)
-        initial = self._store.watch(watcher, query.get("resourceVersion"))
+        # sendInitialEvents (a WatchList, kubectl 1.37's default): the current objects first
+        since = None if query.get("sendInitialEvents") == "true" else query.get("resourceVersion")
+        initial = self._store.watch(watcher, since)
         timeout = float(query.get("timeoutSeconds") or DEFAULT_WATCH_TIMEOUT_SECONDS)
         return watcher, initial, timeout
 

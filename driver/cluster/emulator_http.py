@@ -43,6 +43,16 @@ _VERSION = {
     "platform": "linux/amd64",
 }
 _VERBS = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
+# Discovery facts of the served resources, as kube-apiserver publishes them (each registry's
+# ShortNames() and Categories()).
+_SHORT_NAMES = {
+    ("", "pods"): ["po"], ("", "nodes"): ["no"], ("", "namespaces"): ["ns"], ("", "events"): ["ev"],
+    ("", "configmaps"): ["cm"], ("events.k8s.io", "events"): ["ev"], ("apps", "deployments"): ["deploy"],
+    ("apps", "replicasets"): ["rs"], ("autoscaling", "horizontalpodautoscalers"): ["hpa"],
+}  # fmt: skip
+_CATEGORIES = {("", "pods"): ["all"], ("apps", "deployments"): ["all"], ("apps", "replicasets"): ["all"],
+               ("batch", "jobs"): ["all"]}  # fmt: skip
+_HEALTH_PATHS = frozenset({"/healthz", "/readyz", "/livez"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +111,7 @@ def parse_route(path: str) -> Route | None:
         return None
     name = rest[1] if len(rest) > 1 else None
     subresource = rest[2] if len(rest) > 2 else None
-    if subresource == "binding" and rtype.plural == "pods":
+    if (subresource, rtype.plural) in (("binding", "pods"), ("finalize", "namespaces")):
         return Route(rtype, namespace, name, subresource)
     if subresource is not None and (subresource != "status" or not rtype.status_subresource):
         return None
@@ -114,11 +124,20 @@ def _resource_list(group: str, version: str) -> Obj | None:
         return None
     resources: list[Obj] = []
     for rtype in types:
-        entry = {"name": rtype.plural, "singularName": rtype.kind.lower(), "namespaced": rtype.namespaced,
-                 "kind": rtype.kind, "verbs": _VERBS}  # fmt: skip
+        entry: Obj = {
+            "name": rtype.plural, "singularName": rtype.kind.lower(), "namespaced": rtype.namespaced,
+            "kind": rtype.kind, "verbs": _VERBS,
+        }  # fmt: skip
+        if (short_names := _SHORT_NAMES.get((rtype.group, rtype.plural))) is not None:
+            entry["shortNames"] = short_names
+        if (categories := _CATEGORIES.get((rtype.group, rtype.plural))) is not None:
+            entry["categories"] = categories
         resources.append(entry)
         if rtype.status_subresource:
-            resources.append({**entry, "name": f"{rtype.plural}/status", "verbs": ["get", "patch", "update"]})
+            status = {key: value for key, value in entry.items() if key not in ("shortNames", "categories")}
+            resources.append(
+                {**status, "name": f"{rtype.plural}/status", "verbs": ["get", "patch", "update"]}
+            )
     return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": f"{group}/{version}".lstrip("/"),
             "resources": resources}  # fmt: skip
 
@@ -196,6 +215,9 @@ class _Handler(BaseHTTPRequestHandler):
         }
         backend = self.server.backend
         try:
+            if method == "GET" and url.path.rstrip("/") in _HEALTH_PATHS:
+                self._send_bytes(200, b"ok", content_type="text/plain; charset=utf-8")
+                return
             if method == "GET" and (encoded := openapi_document(url.path)) is not None:
                 self._send_bytes(200, encoded)
                 return
@@ -218,12 +240,18 @@ class _Handler(BaseHTTPRequestHandler):
     def _send_json(self, code: int, obj: Any, warnings: list[str] | None = None) -> None:
         self._send_bytes(code, _encode(obj), warnings)
 
-    def _send_bytes(self, code: int, data: bytes, warnings: list[str] | None = None) -> None:
+    def _send_bytes(
+        self,
+        code: int,
+        data: bytes,
+        warnings: list[str] | None = None,
+        content_type: str = "application/json",
+    ) -> None:
         self.send_response(code)
         for warning in warnings or ():  # RFC 7234 warn-code 299, as the apiserver sends them
             escaped = warning.replace("\\", "\\\\").replace('"', '\\"')
             self.send_header("Warning", f'299 - "{escaped}"')
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
@@ -252,6 +280,12 @@ class _Handler(BaseHTTPRequestHandler):
             self._start_stream()
             for event in initial:
                 self._send_event(watcher, event)
+            if query.get("sendInitialEvents") == "true" and query.get("allowWatchBookmarks") in ("true", "1"):
+                pending, marker = backend.bookmark(watcher)  # the end of the initial events, marked
+                for event in pending:
+                    self._send_event(watcher, event)
+                marker["metadata"]["annotations"] = {"k8s.io/initial-events-end": "true"}
+                self._write_chunk(_encode({"type": "BOOKMARK", "object": marker}) + b"\n")
             stopping = False
             while (remaining := deadline - time.monotonic()) > 0:
                 try:

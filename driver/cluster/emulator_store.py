@@ -169,6 +169,14 @@ class Watcher:
         return None
 
 
+def _finalizers(rtype: ResourceType, obj: Obj) -> list[str]:
+    """What still holds a deleting object: its finalizers (and a namespace's ``spec.finalizers``)."""
+    finalizers = list(obj["metadata"].get("finalizers") or [])
+    if rtype.plural == "namespaces" and not rtype.group:
+        finalizers += (obj.get("spec") or {}).get("finalizers") or []
+    return finalizers
+
+
 def _key(obj: Obj) -> tuple[str, str]:
     metadata = obj["metadata"]
     return metadata.get("namespace", ""), metadata["name"]
@@ -286,7 +294,7 @@ class Store:
                 new = _with_metadata(new, resourceVersion=current["metadata"]["resourceVersion"])
                 if new == current or dry_run:
                     return current if new == current else new  # a no-op write keeps the resource version
-                if new["metadata"].get("deletionTimestamp") and not new["metadata"].get("finalizers"):
+                if new["metadata"].get("deletionTimestamp") and not _finalizers(rtype, new):
                     del objects[key]
                     return self._commit_locked(rtype, key, new, "DELETED", current)
                 return self._commit_locked(rtype, key, new, "MODIFIED", current)

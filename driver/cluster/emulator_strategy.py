@@ -67,10 +67,27 @@ RESOURCE_TYPES: tuple[ResourceType, ...] = (
     ),
     ResourceType("autoscaling.x-k8s.io", "v1", "provisioningrequests", "ProvisioningRequest", namespaced=True,
                  status_subresource=True),
+    ResourceType("apps", "v1", "deployments", "Deployment", namespaced=True, status_subresource=True),
+    ResourceType("apps", "v1", "replicasets", "ReplicaSet", namespaced=True, status_subresource=True,
+                 field_labels=frozenset({"status.replicas"})),
+    ResourceType("batch", "v1", "jobs", "Job", namespaced=True, status_subresource=True,
+                 field_labels=frozenset({"status.successful"})),
+    ResourceType("autoscaling", "v2", "horizontalpodautoscalers", "HorizontalPodAutoscaler", namespaced=True,
+                 status_subresource=True),
 )  # fmt: skip
 
 _BY_PATH = {(rtype.group, rtype.version, rtype.plural): rtype for rtype in RESOURCE_TYPES}
-_STATUS_RESET_ON_CREATE = frozenset({"resourceclaims", "provisioningrequests", "devicetaintrules"})
+_STATUS_RESET_ON_CREATE = frozenset(
+    {
+        "resourceclaims",
+        "provisioningrequests",
+        "devicetaintrules",
+        "deployments",
+        "replicasets",
+        "jobs",
+        "horizontalpodautoscalers",
+    }
+)
 RESERVED_FINALIZER = "resource.kubernetes.io/delete-protection"
 
 
@@ -132,8 +149,34 @@ def prepare_create(rtype: ResourceType, obj: Obj, validate: Validate) -> Obj:
         labels = {**(obj["metadata"].get("labels") or {}), **defaults["metadata"]["labels"]}
         obj = {**obj, "metadata": {**obj["metadata"], "labels": labels}, "status": {"phase": "Active"}}
         obj.setdefault("spec", defaults["spec"])
+    if rtype.plural == "jobs":
+        obj = _default_job(obj)
+    elif rtype.plural in ("deployments", "replicasets"):
+        obj = {**obj, "spec": {"replicas": 1, **(obj.get("spec") or {})}}
     _check_reserved_finalizer(rtype, obj, None)
     return validate(rtype, obj, None)
+
+
+def _default_job(job: Obj) -> Obj:
+    """The job strategy's PrepareForCreate and the batch/v1 defaults: a selector on the job's UID,
+    its labels on the pod template, one completion and one pod at a time unless told."""
+    spec = dict(job.get("spec") or {})
+    uid, name = job["metadata"]["uid"], job["metadata"]["name"]
+    if not spec.get("manualSelector"):
+        labels = {"batch.kubernetes.io/controller-uid": uid, "batch.kubernetes.io/job-name": name,
+                  "controller-uid": uid, "job-name": name}  # fmt: skip
+        spec["selector"] = {"matchLabels": {"batch.kubernetes.io/controller-uid": uid}}
+        template = dict(spec.get("template") or {})
+        metadata = dict(template.get("metadata") or {})
+        metadata["labels"] = {**(metadata.get("labels") or {}), **labels}
+        spec["template"] = {**template, "metadata": metadata}
+    if spec.get("completions") is None and spec.get("parallelism") is None:
+        spec["completions"] = 1
+    spec.setdefault("parallelism", 1)
+    spec.setdefault("backoffLimit", 6)
+    spec.setdefault("completionMode", "NonIndexed")
+    spec.setdefault("suspend", False)
+    return {**job, "spec": spec}
 
 
 def _check_resource_version(rtype: ResourceType, body: Obj, current: Obj) -> None:

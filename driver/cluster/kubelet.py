@@ -37,7 +37,7 @@ from driver.plugin.proto_gen import (
     pluginregistration_pb2_grpc,
 )
 
-__all__ = ["KubeletSimulator", "Registration", "RegistrationRefused", "choose_service"]
+__all__ = ["KubeletSimulator", "Registration", "RegistrationRefused", "choose_service", "pod_status"]
 
 GET_INFO_TIMEOUT_SECONDS = 1.0
 NOTIFY_TIMEOUT_SECONDS = 5.0
@@ -49,6 +49,41 @@ _SERVICES = {
     "v1.DRAPlugin": (dra_v1_pb2, dra_v1_pb2_grpc),
     "v1beta1.DRAPlugin": (dra_v1beta1_pb2, dra_v1beta1_pb2_grpc),
 }
+
+
+def pod_status(pod: Mapping[str, Any], *, started: bool, now: str, node_ip: str = "") -> dict[str, Any]:
+    """The status the kubelet reports for a pod it has admitted: ``Running`` with the conditions
+    ``kubectl wait --for=condition=Ready`` reads (PodReadyToStartContainers, Initialized, Ready,
+    ContainersReady, PodScheduled) and one running, ready status per container; or, when
+    ``started`` is false (preparing its resources failed), ``Failed`` with Ready ``False``."""
+    spec = pod.get("spec") or {}
+    ready = "True" if started else "False"
+    reason = {} if started else {"reason": "PodFailed"}
+    conditions = [
+        {"type": "PodReadyToStartContainers", "status": ready, "lastTransitionTime": now},
+        {"type": "Initialized", "status": "True", "lastTransitionTime": now},
+        {"type": "Ready", "status": ready, "lastTransitionTime": now, **reason},
+        {"type": "ContainersReady", "status": ready, "lastTransitionTime": now, **reason},
+        {"type": "PodScheduled", "status": "True", "lastTransitionTime": now},
+    ]
+    state: dict[str, Any] = (
+        {"running": {"startedAt": now}} if started else {"waiting": {"reason": "ContainerCreating"}}
+    )
+    containers = [
+        {"name": c["name"], "image": c.get("image", ""), "imageID": "", "ready": started, "started": started,
+         "restartCount": 0, "state": state}
+        for c in spec.get("containers") or []
+    ]  # fmt: skip
+    status: dict[str, Any] = {
+        "phase": "Running" if started else "Failed",
+        "conditions": conditions,
+        "containerStatuses": containers,
+        "startTime": now,
+    }
+    if node_ip:
+        status["hostIP"] = node_ip
+        status["hostIPs"] = [{"ip": node_ip}]
+    return status
 
 
 class RegistrationRefused(FractionalError):

@@ -16,6 +16,8 @@ from typing import Any, Protocol, cast
 
 from kubernetes import client
 
+from driver.cluster.emulator_store import new_timestamp
+from driver.cluster.kubelet import pod_status
 from driver.demo.objects import as_dict
 from driver.errors import ConflictError, NotFoundError
 from driver.kube import REQUEST_TIMEOUT_SECONDS, api_errors, new_api_client
@@ -44,6 +46,7 @@ class BoundPod:
     # What the kubelet hands each container: the CDI devices of the claims it lists in
     # resources.claims, and nothing of the pod's other claims.
     container_cdi_devices: dict[str, list[str]] = field(default_factory=dict)
+    namespace: str = ""
 
 
 def _allocation_node(allocation: dict[str, Any]) -> str | None:
@@ -104,12 +107,17 @@ class PodBinder:
                 log.exception("binder sync failed")
                 stop.wait(0.5)
 
+    def _key(self, namespace: str, name: str) -> str:
+        """Pods of the binder's namespace by name; those of other namespaces (a user's ``kubectl
+        apply`` into ``default``) as ``namespace/name``."""
+        return name if namespace == self._namespace else f"{namespace}/{name}"
+
     def sync_once(self, core: client.CoreV1Api, resource: client.ResourceV1Api) -> None:
-        with api_errors(f"list pods in {self._namespace}"):
-            pods = core.list_namespaced_pod(self._namespace, _request_timeout=REQUEST_TIMEOUT_SECONDS)
+        with api_errors("list pods"):
+            pods = core.list_pod_for_all_namespaces(_request_timeout=REQUEST_TIMEOUT_SECONDS)
         present: dict[str, dict[str, Any]] = {}
         for pod in (as_dict(item) for item in pods.items):
-            present[pod["metadata"]["name"]] = pod
+            present[self._key(pod["metadata"]["namespace"], pod["metadata"]["name"])] = pod
             spec = pod.get("spec") or {}
             if (
                 spec.get("schedulingGates")
@@ -134,10 +142,14 @@ class PodBinder:
         node = None
         if not pod["spec"].get("resourceClaims"):
             node = next(iter(sorted(self._kubelets)), None)  # no claim: any node will do
+        generated = {
+            entry.get("name"): entry.get("resourceClaimName")
+            for entry in (pod.get("status") or {}).get("resourceClaimStatuses") or []
+        }
         for ref in pod["spec"].get("resourceClaims") or []:
-            claim_name = ref.get("resourceClaimName")
+            claim_name = ref.get("resourceClaimName") or generated.get(ref["name"])
             if not claim_name:
-                return
+                return  # the resourceclaim controller has not made the template's claim yet
             with api_errors(f"get ResourceClaim {namespace}/{claim_name}"):
                 claim = resource.read_namespaced_resource_claim(
                     claim_name, namespace, _request_timeout=REQUEST_TIMEOUT_SECONDS
@@ -183,7 +195,9 @@ class PodBinder:
                 by_claim.setdefault(ref["name"], []).extend(device.get("cdi_device_ids", []))
         bound = BoundPod(name, pod_uid, node, refs, cdi_devices, "; ".join(errors) or None)
         bound.container_cdi_devices = container_cdi_devices(pod, by_claim)
-        phase = "Failed" if errors else "Running"
+        bound.namespace = namespace
+        status = pod_status(pod, started=not errors, now=new_timestamp())
+        phase = status["phase"]
         with api_errors(f"update status of Pod {namespace}/{name}"):
             core.patch_namespaced_pod(
                 name,
@@ -192,10 +206,10 @@ class PodBinder:
                 _request_timeout=REQUEST_TIMEOUT_SECONDS,
             )
             core.patch_namespaced_pod_status(
-                name, namespace, {"status": {"phase": phase}}, _request_timeout=REQUEST_TIMEOUT_SECONDS
+                name, namespace, {"status": status}, _request_timeout=REQUEST_TIMEOUT_SECONDS
             )
         with self._lock:
-            self._bound[name] = bound
+            self._bound[self._key(namespace, name)] = bound
         log.info("pod bound and prepared", extra={"pod": f"{namespace}/{name}", "node": node, "phase": phase})
 
     def _reserve(
@@ -253,5 +267,5 @@ class PodBinder:
                 except ConflictError:
                     continue
         with self._lock:
-            self._bound.pop(bound.name, None)
+            self._bound.pop(self._key(bound.namespace or self._namespace, bound.name), None)
         log.info("pod released", extra={"pod": bound.name, "node": bound.node})

@@ -72,6 +72,7 @@ class FakeCluster:
     controller: subprocess.Popen[bytes] | None = None
     controller_log: IO[bytes] | None = None
     kubeconfig: Path | None = None
+    controller_manager: Any = None
     dcgm_metrics: bool = True  # agents also emit dcgm-exporter's names (the conformance evidence)
     controller_metrics_port: int = 0
 
@@ -88,6 +89,12 @@ class FakeCluster:
         self.kubeconfig = self.runtime_dir / "kubeconfig"
         self.api_server.write_kubeconfig(str(self.kubeconfig))
         configuration: client.Configuration = self.api_server.configuration()
+        from driver.cluster.controllers import ControllerManager
+
+        # kube-controller-manager's part: claims from templates, Deployments, Jobs, garbage
+        # collection and namespace deletion, so `kubectl apply` of any example runs here.
+        self.controller_manager = ControllerManager(self.api_server.configuration())
+        self.controller_manager.start()
         return configuration
 
     def create_base_objects(self, configuration: client.Configuration, namespace: str) -> None:
@@ -222,6 +229,9 @@ class FakeCluster:
                 node.log_file.close()
         if self.controller_log:
             self.controller_log.close()
+        if self.controller_manager is not None:
+            self.controller_manager.stop()
+            self.controller_manager = None
         if self.api_server is not None:
             self.api_server.stop()
             self.api_server = None

@@ -33,6 +33,12 @@ def custom(api_client: client.ApiClient) -> client.CustomObjectsApi:
     return client.CustomObjectsApi(api_client)
 
 
+def create_namespaces(core: client.CoreV1Api, *names: str) -> None:
+    """Namespaces a test writes into (beyond the system ones, which exist from the start)."""
+    for name in names:
+        core.create_namespace({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+
+
 def slice_body(
     name: str = "node1-slice", *, devices: list[dict[str, Any]] | None = None, **spec: Any
 ) -> dict[str, Any]:

@@ -246,13 +246,44 @@ def test_delete_precondition_on_resource_version(resource: client.ResourceV1Api)
     assert resource.list_resource_slice().items == []
 
 
-def test_namespace_is_created_on_first_use(core: client.CoreV1Api) -> None:
-    core.create_namespaced_config_map(
-        "team-a", {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}}
-    )
-    namespace = core.read_namespace("team-a")
+def test_create_in_a_missing_namespace_is_not_found(core: client.CoreV1Api) -> None:
+    """NamespaceLifecycle admission: the namespace must exist first."""
+    with pytest.raises(client.ApiException) as caught:
+        core.create_namespaced_config_map(
+            "team-a", {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}}
+        )
+    assert caught.value.status == 404
+    assert json.loads(caught.value.body)["message"] == 'namespaces "team-a" not found'
+
+
+def test_system_namespaces_exist_from_the_start(core: client.CoreV1Api) -> None:
+    names = {item.metadata.name for item in core.list_namespace().items}
+    assert {"default", "kube-system", "kube-public", "kube-node-lease"} <= names
+    namespace = core.read_namespace("kube-system")
     assert namespace.status.phase == "Active"
-    assert namespace.metadata.labels["kubernetes.io/metadata.name"] == "team-a"
+    assert namespace.metadata.labels["kubernetes.io/metadata.name"] == "kube-system"
+
+
+def test_deleted_namespace_terminates_until_finalized(core: client.CoreV1Api) -> None:
+    core.create_namespace({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team-b"}})
+    core.create_namespaced_config_map(
+        "team-b", {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}}
+    )
+    core.delete_namespace("team-b")
+    assert core.read_namespace("team-b").status.phase == "Terminating"
+    with pytest.raises(client.ApiException) as caught:
+        core.create_namespaced_config_map(
+            "team-b", {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "d"}}
+        )
+    assert caught.value.status == 403
+    assert "because it is being terminated" in json.loads(caught.value.body)["message"]
+    core.replace_namespace_finalize(
+        "team-b",
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team-b"}, "spec": {"finalizers": []}},
+    )
+    with pytest.raises(client.ApiException) as gone:
+        core.read_namespace("team-b")
+    assert gone.value.status == 404
 
 
 def test_namespace_mismatch_is_bad_request(core: client.CoreV1Api) -> None:

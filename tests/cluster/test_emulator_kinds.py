@@ -17,7 +17,7 @@ import pytest
 from kubernetes import client, config
 
 from driver.cluster.emulator import APIServer
-from tests.cluster.conftest import claim_body, pod_body, slice_body
+from tests.cluster.conftest import claim_body, create_namespaces, pod_body, slice_body
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -76,6 +76,7 @@ def test_unsupported_field_label_is_bad_request(resource: client.ResourceV1Api) 
 
 
 def test_pod_field_selectors(core: client.CoreV1Api) -> None:
+    create_namespaces(core, "team-a")
     core.create_namespaced_pod("default", pod_body("bound", nodeName="node1"))
     core.create_namespaced_pod("team-a", pod_body("pending"))
     core.patch_namespaced_pod_status("bound", "default", {"status": {"phase": "Running"}})
@@ -86,7 +87,8 @@ def test_pod_field_selectors(core: client.CoreV1Api) -> None:
     assert [p.metadata.name for p in core.list_namespaced_pod("team-a").items] == ["pending"]
 
 
-def test_claims_listed_across_namespaces(resource: client.ResourceV1Api) -> None:
+def test_claims_listed_across_namespaces(core: client.CoreV1Api, resource: client.ResourceV1Api) -> None:
+    create_namespaces(core, "team-a", "team-b")
     resource.create_namespaced_resource_claim("team-a", claim_body("a", "team-a"))
     resource.create_namespaced_resource_claim("team-b", claim_body("b", "team-b"))
     listed = resource.list_resource_claim_for_all_namespaces()

@@ -12,7 +12,7 @@ import pytest
 from kubernetes import client, watch
 
 from driver.cluster.emulator import APIServer
-from tests.cluster.conftest import slice_body
+from tests.cluster.conftest import create_namespaces, slice_body
 
 DEADLINE_SECONDS = 10.0
 
@@ -128,10 +128,11 @@ def test_selector_watch_reports_objects_leaving_as_deleted(
 
 
 def test_field_selector_watch_filters_namespaced_claims_across_namespaces(
-    resource: client.ResourceV1Api, consumers: list[_Consumer]
+    core: client.CoreV1Api, resource: client.ResourceV1Api, consumers: list[_Consumer]
 ) -> None:
     from tests.cluster.conftest import claim_body
 
+    create_namespaces(core, "team-a", "team-b")
     start = resource.list_resource_claim_for_all_namespaces().metadata.resource_version
     consumer = _Consumer(
         resource.list_resource_claim_for_all_namespaces,

@@ -13,6 +13,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,8 @@ import pytest
 import yaml
 
 from driver.cluster.emulator import APIServer
+from driver.demo.binder import PodBinder
+from driver.demo.cluster import FakeCluster
 
 VENV_KUBECTL = Path(sys.prefix) / "bin" / "kubectl"
 MACHINE_KUBECTL = Path("/usr/bin/kubectl")
@@ -70,9 +73,32 @@ class Kubectl:
 
 
 @pytest.fixture(scope="module")
-def api_server() -> Iterator[APIServer]:
-    with APIServer() as server:
-        yield server
+def demo() -> Iterator[FakeCluster]:
+    """The demo's cluster, cut to one node: emulator, controller-manager stand-ins, a node agent
+    with its kubelet simulator, the allocation controller and the binder (scheduler + kubelet)."""
+    fake = FakeCluster(nodes_spec=[("node-a", "h100-8x", "zone-1")])
+    stop = threading.Event()
+    binder: PodBinder | None = None
+    try:
+        configuration = fake.start_api()
+        fake.create_base_objects(configuration, "demo")
+        fake.start_agents()
+        fake.register_kubelets()
+        fake.start_controller()
+        binder = PodBinder(configuration, "demo", {node.name: node.kubelet for node in fake.nodes})
+        binder.start(stop)
+        yield fake
+    finally:
+        stop.set()
+        if binder is not None:
+            binder.join()
+        fake.close()
+
+
+@pytest.fixture(scope="module")
+def api_server(demo: FakeCluster) -> APIServer:
+    server: APIServer = demo.api_server
+    return server
 
 
 @pytest.fixture(scope="module", params=_kubectl_binaries())
@@ -265,3 +291,144 @@ def test_get_prints_the_columns_of_upstream_printers(
         name += kubectl.suffix
     (row,) = (_columns(line) for line in lines[1:] if _columns(line)[0] == name)
     assert row[1 : 1 + len(cells)] == cells
+
+
+# namespaces, discovery, health -------------------------------------------------------------------
+
+
+def test_namespaced_create_in_a_missing_namespace_is_not_found(kubectl: Kubectl) -> None:
+    result = kubectl.run(
+        "apply", "-f", "-", stdin=yaml.safe_dump(_config_map("c", f"missing-{kubectl.suffix}")), check=False
+    )
+    assert result.returncode == 1
+    assert f'namespaces "missing-{kubectl.suffix}" not found' in result.stderr
+
+
+def test_system_namespaces_exist(kubectl: Kubectl) -> None:
+    names = kubectl.run("get", "namespaces", "-o", "name").stdout.split()
+    assert {
+        "namespace/default",
+        "namespace/kube-system",
+        "namespace/kube-public",
+        "namespace/kube-node-lease",
+    } <= set(names)
+
+
+def test_deleting_a_namespace_deletes_its_content_then_itself(kubectl: Kubectl) -> None:
+    namespace = _namespace(kubectl, "doomed")
+    kubectl.apply(_config_map("content", namespace))
+    result = kubectl.run("delete", "namespace", namespace, "--wait=true", "--timeout=60s")
+    assert result.stdout.strip() == f'namespace "{namespace}" deleted'
+    gone = kubectl.run("get", "namespace", namespace, check=False)
+    assert f'namespaces "{namespace}" not found' in gone.stderr
+
+
+def test_deleting_a_namespace_shows_terminating(kubectl: Kubectl, api_server: APIServer) -> None:
+    namespace = _namespace(kubectl, "terminating")
+    kubectl.apply(_config_map("content", namespace))
+    # a finalizer of ours holds the content, so the namespace stays Terminating while we look
+    held = _config_map("held", namespace)
+    held["metadata"]["finalizers"] = ["example.com/hold"]
+    kubectl.apply(held)
+    kubectl.run("delete", "namespace", namespace, "--wait=false")
+    lines = kubectl.run("get", "namespace", namespace).stdout.splitlines()
+    assert _columns(lines[1])[:2] == [namespace, "Terminating"]
+    kubectl.run(
+        "patch",
+        "configmap",
+        "held",
+        "-n",
+        namespace,
+        "--type=merge",
+        "-p",
+        '{"metadata":{"finalizers":null}}',
+    )
+    kubectl.run("wait", "--for=delete", f"namespace/{namespace}", "--timeout=60s")
+
+
+def test_short_names_and_the_all_category(kubectl: Kubectl) -> None:
+    namespace = _namespace(kubectl, "short")
+    kubectl.apply(_config_map("short", namespace))
+    for short in ("po", "no", "ns", "ev", "cm", "deploy", "rs", "hpa"):
+        kubectl.run("get", short, "-n", namespace)
+    assert (
+        kubectl.run("get", "cm", "short", "-n", namespace, "-o", "name").stdout.strip() == "configmap/short"
+    )
+    resources = kubectl.run("api-resources", "--categories=all", "-o", "name").stdout.split()
+    assert set(resources) == {"pods", "deployments.apps", "replicasets.apps", "jobs.batch"}
+
+
+@pytest.mark.parametrize("path", ["/healthz", "/readyz", "/livez"])
+def test_health_endpoints(kubectl: Kubectl, path: str) -> None:
+    assert kubectl.run("get", "--raw", path).stdout == "ok"
+
+
+# controller-manager and kubelet stand-ins ---------------------------------------------------------
+
+
+def test_every_example_applies_without_flags(kubectl: Kubectl) -> None:
+    namespace = _namespace(kubectl, "examples")
+    for example in sorted((REPO_ROOT / "examples").glob("*.yaml")):
+        result = kubectl.run("apply", "-n", namespace, "-f", str(example))
+        assert result.stdout.strip(), example.name
+        assert all(line.endswith(" created") for line in result.stdout.splitlines()), result.stdout
+
+
+def test_job_pods_get_claims_from_the_template_and_become_ready(kubectl: Kubectl) -> None:
+    namespace = _namespace(kubectl, "gang")
+    kubectl.run("apply", "-n", namespace, "-f", str(REPO_ROOT / "examples" / "gang-job.yaml"))
+    active = "--for=jsonpath={.status.active}=4"
+    kubectl.run("wait", "-n", namespace, active, "job/gang-train", "--timeout=60s")
+    kubectl.run(
+        "wait", "-n", namespace, "--for=condition=Ready", "pod", "-l", "job-name=gang-train", "--timeout=90s"
+    )
+    pods = kubectl.json("get", "pods", "-n", namespace, "-l", "job-name=gang-train")["items"]
+    assert sorted(p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"] for p in pods) == [
+        "0", "1", "2", "3",
+    ]  # fmt: skip
+    claims = {
+        c["metadata"]["name"]: c for c in kubectl.json("get", "resourceclaims", "-n", namespace)["items"]
+    }
+    for pod in pods:
+        (status,) = pod["status"]["resourceClaimStatuses"]
+        claim = claims[status["resourceClaimName"]]
+        assert claim["metadata"]["ownerReferences"][0]["uid"] == pod["metadata"]["uid"]
+        assert claim["status"]["allocation"]
+    kubectl.run("delete", "job", "gang-train", "-n", namespace, "--wait=true", "--timeout=60s")
+    kubectl.run("wait", "-n", namespace, "--for=delete", "pod", "-l", "job-name=gang-train", "--timeout=60s")
+    kubectl.run(
+        "wait",
+        "-n",
+        namespace,
+        "--for=delete",
+        *(f"resourceclaim/{name}" for name in claims),
+        "--timeout=60s",
+    )
+
+
+def test_deployment_makes_a_replica_set_and_pods(kubectl: Kubectl) -> None:
+    namespace = _namespace(kubectl, "deploy")
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "web", "namespace": namespace},
+        "spec": {
+            "replicas": 2,
+            "selector": {"matchLabels": {"app": "web"}},
+            "template": {
+                "metadata": {"labels": {"app": "web"}},
+                "spec": {"containers": [{"name": "c", "image": "x"}]},
+            },
+        },
+    }
+    kubectl.apply(deployment)
+    kubectl.run("wait", "-n", namespace, "--for=condition=Available", "deployment/web", "--timeout=60s")
+    lines = kubectl.run("get", "deploy", "web", "-n", namespace).stdout.splitlines()
+    assert _columns(lines[1])[:4] == ["web", "2/2", "2", "2"]
+    (replica_set,) = kubectl.json("get", "rs", "-n", namespace)["items"]
+    assert replica_set["metadata"]["ownerReferences"][0]["kind"] == "Deployment"
+    pods = kubectl.json("get", "pods", "-n", namespace, "-l", "app=web")["items"]
+    assert len(pods) == 2
+    kubectl.run("delete", "deployment", "web", "-n", namespace)
+    kubectl.run("wait", "-n", namespace, "--for=delete", "pod", "-l", "app=web", "--timeout=60s")
+    assert kubectl.json("get", "rs", "-n", namespace)["items"] == []
