@@ -156,6 +156,16 @@ def test_hami_library_adds_read_only_library_and_preload_mounts(tmp_path: Path) 
     assert Path(by_target["/tmp/vgpulock"].host_path).is_dir()
 
 
+def test_hami_removes_the_temp_file_a_kill_left(tmp_path: Path) -> None:
+    hami = tmp_path / "hami"
+    hami.mkdir()
+    leftover, other = hami / ".ld.so.preload.k3j9x.tmp", hami / "notes.tmp"
+    for path in (leftover, other):
+        path.write_text("partial")
+    HamiBackend(plugin_dir=str(tmp_path))
+    assert not leftover.exists() and other.exists()
+
+
 def test_hami_cache_dir_lives_until_the_claims_last_share(tmp_path: Path) -> None:
     backend = HamiBackend(plugin_dir=str(tmp_path))
     second = replace(SHARE, device="gpu-1", gpu_uuid="GPU-2", ordinal=1, share_id=None)

@@ -67,6 +67,8 @@ class HamiBackend:
         self._library = library
         self._lock = threading.Lock()
         self._claims: dict[str, set[_ShareKey]] = {}  # claim UID -> acquired shares
+        for leftover in self._root.glob(f".{self.preload_file.name}.*.tmp"):  # a kill -9 mid-write
+            leftover.unlink(missing_ok=True)
         if library and not os.path.isfile(library):
             # The agent may see host paths elsewhere (a hostPath mount), so this is not fatal.
             log.warning("hami library not found from the agent", extra={"path": library})
@@ -150,7 +152,7 @@ def _write_if_changed(path: Path, text: str) -> None:
     except FileNotFoundError:
         pass
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as handle:
             handle.write(text)
