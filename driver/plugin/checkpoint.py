@@ -257,11 +257,26 @@ class CheckpointStore:
                 },
             )
             if checkpoint.claims:  # write the rebuilt guard at once: the next load must find it
-                self._version += 1
-                self._write(checkpoint)
-                self._written = self._version
+                self._save_recovered(checkpoint)
+        else:
+            if not checkpoint.claims and self._recover is not None and not self.path.exists():
+                # Missing, though CDI specs may say otherwise: deleted, or set aside by an older
+                # agent that cannot read this version (a rolling update). Rebuild what they say.
+                recovered = self._recover()
+                if recovered.claims:
+                    log.warning(
+                        "checkpoint missing; claims rebuilt from CDI specs",
+                        extra={"path": str(self.path), "recovered_claims": len(recovered.claims)},
+                    )
+                    self._save_recovered(recovered)
+                    checkpoint = recovered
         self._current = checkpoint
         return checkpoint
+
+    def _save_recovered(self, checkpoint: Checkpoint) -> None:
+        self._version += 1
+        self._write(checkpoint)
+        self._written = self._version
 
     def load(self) -> Checkpoint:
         """The current checkpoint; a corrupt file is logged, counted, renamed aside and read as empty."""

@@ -446,3 +446,16 @@ def test_unprepare_many_undoes_every_claim(env: Env) -> None:
     assert state.prepared_claims() == {} and env.spec_files() == []
     assert env.backends["none"].count("release") == 20
     assert [e for e, _ in env.effects].count("checkpoint-removed") == 20
+
+
+def test_checkpoint_moved_away_during_a_rolling_update_keeps_the_guard(env: Env) -> None:
+    """An older agent that cannot read this checkpoint version sets the file aside; the newer one,
+    which re-reads the file on every call, rebuilds the guard from the CDI specs."""
+    new = env.state(rolling_update=True)
+    exclusive = claim([result("gpu-0")])
+    new.prepare(exclusive)
+    path = env.plugin_dir / "checkpoint.json"
+    path.rename(path.with_name("checkpoint.json.corrupt-1"))  # what the older agent does
+    with pytest.raises(ClaimError, match=rf"already prepared for ResourceClaim with UID {exclusive.uid}"):
+        new.prepare(claim([result("gpu-0")]))
+    assert path.exists()
