@@ -253,6 +253,7 @@ class DeviceFacts:
     capacity: dict[str, dict[str, Number]]
     context: Any = None
     results: dict[str, bool] | None = None
+    unsupported: str | None = None  # an attribute CEL cannot represent: every evaluation fails (upstream)
 
     def activation(
         self, projected_tokens: frozenset[str] | None, extra_domains: tuple[str, ...]
@@ -299,7 +300,13 @@ _PROJECTED_RESULTS: dict[tuple[str, tuple[Any, ...]], bool | str] = {}
 
 
 def evaluate_selector(selector: CompiledSelector, facts: DeviceFacts) -> bool:
-    """Evaluate on one device; raises SelectorError for runtime errors and non-bool results."""
+    """Evaluate on one device; raises SelectorError for runtime errors and non-bool results.
+
+    A device with an attribute of a type CEL does not know fails every evaluation, as upstream's
+    ``DeviceMatches`` fails building its attribute map ("attribute X: unsupported attribute value").
+    """
+    if facts.unsupported is not None:
+        raise SelectorError(facts.unsupported)
     if facts.results is None:
         facts.results = {}
     cached = facts.results.get(selector.expression)

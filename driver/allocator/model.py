@@ -26,6 +26,7 @@ __all__ = [
     "Slice",
     "Taint",
     "Toleration",
+    "attribute_set",
     "claim_key",
     "lookup_attribute",
     "parse_claim",
@@ -119,14 +120,33 @@ class Slice:
         return (self.driver, self.pool)
 
 
+UNKNOWN = "unknown"  # an attribute of a type this allocator does not know (a newer API, or none set)
+LIST_KINDS = {"ints": "int", "bools": "bool", "strings": "string", "versions": "version"}
+
+
 def _attribute_value(raw: Mapping[str, Any]) -> tuple[str, Any]:
-    for kind in ("int", "bool", "string", "version"):
-        if kind in raw and raw[kind] is not None:
-            return kind, raw[kind]
+    """(kind, value): lists first, as upstream reads them; ``UNKNOWN`` when no known field is set.
+
+    An unknown attribute does not invalidate its pool (upstream drops unknown fields when decoding
+    and fails only where the value is read: a CEL selector on that device, or a constraint)."""
     for kind in ("ints", "bools", "strings", "versions"):
-        if kind in raw and raw[kind] is not None:
+        if raw.get(kind) is not None:
             return kind, tuple(raw[kind])
-    raise ValueError("attribute has no value")
+    for kind in ("int", "bool", "string", "version"):
+        if raw.get(kind) is not None:
+            return kind, raw[kind]
+    return UNKNOWN, None
+
+
+def attribute_set(typed: tuple[str, Any]) -> tuple[str, frozenset[Any]] | None:
+    """An attribute as (element kind, set of values) for list-aware constraints (DRAListTypeAttributes):
+    a scalar is a set of one; an empty list or an unknown type is None (upstream ``attributeAsSet``)."""
+    kind, value = typed
+    if kind in LIST_KINDS:
+        return (LIST_KINDS[kind], frozenset(value)) if value else None
+    if kind == UNKNOWN:
+        return None
+    return kind, frozenset((value,))
 
 
 def _cel_value(kind: str, value: Any) -> Any:
@@ -188,11 +208,18 @@ def _device(raw: Mapping[str, Any], driver: str, pool: str, slice_name: str) -> 
     name = raw["name"]
     attributes: dict[str, tuple[str, Any]] = {}
     cel_attributes: dict[str, dict[str, Any]] = {}
+    unsupported = None
     for key, value in (raw.get("attributes") or {}).items():
         typed = _attribute_value(value)
         attributes[key] = typed
+        if typed[0] == UNKNOWN:
+            unsupported = unsupported or f"attribute {key}: unsupported attribute value"
+            continue
         domain, ident = _split(key, driver)
-        cel_attributes.setdefault(domain, {})[ident] = _cel_value(*typed)
+        try:
+            cel_attributes.setdefault(domain, {})[ident] = _cel_value(*typed)
+        except ValueError as error:  # a version the API would have refused; upstream fails in CEL
+            unsupported = unsupported or f"attribute {key}: parse semantic version: {error}"
     capacity: dict[str, CapacitySpec] = {}
     cel_capacity: dict[str, dict[str, Number]] = {}
     memory_key = None
@@ -216,8 +243,9 @@ def _device(raw: Mapping[str, Any], driver: str, pool: str, slice_name: str) -> 
         for t in raw.get("taints") or ()
     )
     facts = DeviceFacts(
-        driver=driver, allow_multiple=allow_multiple, attributes=cel_attributes, capacity=cel_capacity
-    )
+        driver=driver, allow_multiple=allow_multiple, attributes=cel_attributes, capacity=cel_capacity,
+        unsupported=unsupported,
+    )  # fmt: skip
     device = Device(
         id=(driver, pool, name),
         name=name,
@@ -240,8 +268,8 @@ def _device(raw: Mapping[str, Any], driver: str, pool: str, slice_name: str) -> 
     device.capacity_id = _CAPACITY_IDS.setdefault(capacity_key, len(_CAPACITY_IDS))
     pcie = lookup_attribute(device, PCIE_ROOT)
     numa = lookup_attribute(device, NUMA_NODE)
-    device.pcie_root = pcie[1] if pcie else None
-    device.numa_node = numa[1] if numa else None
+    device.pcie_root = pcie[1] if pcie and pcie[0] != UNKNOWN else None
+    device.numa_node = numa[1] if numa and numa[0] != UNKNOWN else None
     return device
 
 

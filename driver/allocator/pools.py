@@ -10,7 +10,7 @@ name, devices in slice order.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -95,10 +95,16 @@ class PoolView:
     binding_last: bool
 
 
-def _validate(
-    key: tuple[str, str], slices: list[Slice], all_slices: Iterable[Slice], generation: int
-) -> str | None:
-    for slice_ in slices:
+def _validate(key: tuple[str, str], slices: list[Slice], others: list[Slice]) -> str | None:
+    """Why the pool is invalid, or None (upstream ``buildPool``).
+
+    ``slices`` target the node; ``others`` are the pool's slices of the same generation that do not,
+    read only when the pool looked incomplete from the node's slices alone (upstream's re-scan). Device
+    names must be unique among ``slices``; counter-set names unique across both; and every device of
+    both must consume only counters that exist, so a bad device on another node invalidates the pool
+    here too (``partitionable-devices-validation-error-on-non-targeting-slice``).
+    """
+    for slice_ in (*slices, *others):
         if slice_.invalid:
             return slice_.invalid
     names: set[str] = set()
@@ -108,14 +114,12 @@ def _validate(
                 return f"pool {key[0]}/{key[1]}: duplicate device name {device.name!r}"
             names.add(device.name)
     sets: dict[str, dict[str, Any]] = {}
-    for slice_ in all_slices:
-        if slice_.generation != generation:
-            continue
+    for slice_ in (*slices, *others):
         for set_name in slice_.counter_set_names:
             if set_name in sets:
                 return f"pool {key[0]}/{key[1]}: duplicate counter set {set_name!r}"
             sets[set_name] = slice_.counters.get(set_name, {})
-    for slice_ in slices:
+    for slice_ in (*slices, *others):
         for device in slice_.devices:
             for set_name, counters in device.consumes:
                 if set_name not in sets:
@@ -143,12 +147,16 @@ def gather_pools(
         current = [s for s in relevant if s.generation == generation]
         expected = current[0].count
         incomplete = False
+        others: list[Slice] = []
         if len(current) != expected:
             if any(s.generation > generation for s in all_slices):
                 continue  # obsolete
-            incomplete = sum(1 for s in all_slices if s.generation == generation) != expected
+            current_names = {s.name for s in current}
+            others = [s for s in all_slices if s.generation == generation and s.name not in current_names]
+            incomplete = len(current) + len(others) != expected
         current.sort(key=lambda s: s.name)
-        invalid = None if incomplete else _validate(key, current, all_slices, generation)
+        others.sort(key=lambda s: s.name)
+        invalid = None if incomplete else _validate(key, current, others)
         binding_last = any(d.binding_conditions for s in current for d in s.devices)
         views.append(PoolView(key, generation, tuple(current), incomplete, invalid, binding_last))
     views.sort(key=lambda v: (v.binding_last, v.key))

@@ -22,7 +22,16 @@ from typing import Any, Protocol
 
 from driver.allocator.capacity import compute_consumption
 from driver.allocator.celenv import SelectorError, evaluate_selector
-from driver.allocator.model import MAX_RESULTS, Claim, Constraint, Device, DeviceID, Request, lookup_attribute
+from driver.allocator.model import (
+    MAX_RESULTS,
+    Claim,
+    Constraint,
+    Device,
+    DeviceID,
+    Request,
+    attribute_set,
+    lookup_attribute,
+)
 from driver.allocator.pools import Candidate, PoolView
 from driver.allocator.quantity import Number
 from driver.errors import AllocationError
@@ -67,41 +76,69 @@ class Solution:
 
 
 class _MatchState:
-    __slots__ = ("constraint", "values")
+    """matchAttribute with list-type attributes (DRAListTypeAttributes): the values of every device so
+    far must have a common element. A scalar is a set of one, so for scalars this is equality; an
+    empty list or an unknown type never matches. The running intersection is a stack, so a backtrack
+    restores it exactly (upstream keeps one set and narrows it for good: PR #140326)."""
+
+    __slots__ = ("constraint", "stack")
 
     def __init__(self, constraint: Constraint) -> None:
         self.constraint = constraint
-        self.values: list[tuple[str, Any]] = []
+        self.stack: list[tuple[str, frozenset[Any]]] = []
 
     def add(self, request: Request, device: Device) -> bool:
         value = lookup_attribute(device, self.constraint.attribute)
-        if value is None or (self.values and self.values[0] != value):
+        if value is None:
             return False
-        self.values.append(value)
+        values = attribute_set(value)
+        if values is None:
+            return False
+        if self.stack:
+            kind, common = self.stack[-1]
+            if kind != values[0] or not common & values[1]:
+                return False
+            values = (kind, common & values[1])
+        self.stack.append(values)
         return True
 
     def remove(self, request: Request, device: Device) -> None:
-        self.values.pop()
+        self.stack.pop()
 
 
 class _DistinctState:
-    """Upstream quirk kept: values are stored per (parent) request name, the last device overwriting."""
+    """distinctAttribute with list-type attributes: each device's values must be disjoint from those
+    of every device stored. As upstream: the first device is stored unchecked; a later device with an
+    empty list or an unknown type fails; a stored value of unknown type is skipped; values of another
+    kind never collide. Upstream quirk kept: values are stored per (parent) request name, the last
+    device overwriting, and a removal drops that request's entry."""
 
-    __slots__ = ("by_request", "constraint")
+    __slots__ = ("by_request", "constraint", "count")
 
     def __init__(self, constraint: Constraint) -> None:
         self.constraint = constraint
         self.by_request: dict[str, tuple[str, Any]] = {}
+        self.count = 0
 
     def add(self, request: Request, device: Device) -> bool:
         value = lookup_attribute(device, self.constraint.attribute)
-        if value is None or value in self.by_request.values():
+        if value is None:
             return False
+        if self.count:
+            values = attribute_set(value)
+            if values is None:
+                return False
+            for stored in self.by_request.values():
+                other = attribute_set(stored)
+                if other is not None and other[0] == values[0] and other[1] & values[1]:
+                    return False
         self.by_request[request.parent] = value
+        self.count += 1
         return True
 
     def remove(self, request: Request, device: Device) -> None:
         self.by_request.pop(request.parent, None)
+        self.count -= 1
 
 
 def distinct_slots(claim: Claim, constraint: Constraint) -> int:
@@ -255,18 +292,26 @@ class NodeSearch:
             return self._complete()
         claim = self.claims[ci]
         if si == len(claim.slots):
-            return self._step(ci + 1, 0, -1, 0, None, 0)
+            try:
+                return self._step(ci + 1, 0, -1, 0, None, 0)
+            except _LimitExceeded:
+                return False  # a later claim's limit: other choices here may let it use fewer devices
         slot = claim.slots[si]
         if alt < 0:
-            for alt_index in range(len(slot.alternatives)):
+            all_exceeded = True  # every alternative hit the limit: no choice before this request helps
+            for alt_index, request in enumerate(slot.alternatives):
                 if (ci, si, alt_index) in self.hopeless:
+                    if len(self.results[ci]) + request.count <= MAX_RESULTS:
+                        all_exceeded = False
                     continue
                 try:
                     if self._step(ci, si, alt_index, 0, None, 0):
                         return True
+                    all_exceeded = False
                 except _LimitExceeded:
-                    if len(slot.alternatives) == 1:
-                        raise
+                    continue
+            if all_exceeded:
+                raise _LimitExceeded()
             return False
         request = slot.alternatives[alt]
         all_list = self.all_lists.get((ci, si, alt))
@@ -275,8 +320,8 @@ class NodeSearch:
             return False
         if k >= needed:
             return self._step(ci, si + 1, -1, 0, None, 0)
-        if len(self.results[ci]) >= MAX_RESULTS:
-            raise _LimitExceeded()
+        if len(self.results[ci]) + needed - k > MAX_RESULTS:
+            raise _LimitExceeded()  # checked before descending, as upstream does
         if all_list is not None:
             self._tick()
             undo = self._try(ci, request, all_list[k], all_mode=True)
