@@ -7,11 +7,12 @@ Cluster mode places pod groups (claims that must share a node) one after another
 applied to the ledger so later groups see it, and undoes everything unless every group fits (a gang is
 all-or-nothing). Candidate nodes come from the free-capacity index when every request of the group
 asks for the same indexed capacity (``memory``): only nodes with a device that has enough free are
-looked at, in best-fit order (shared devices with the least left, then unused ones); otherwise all nodes
-are scanned. Nodes that cannot take a group are remembered per (group signature, node version), and
-infeasible gangs are rejected by capacity pre-checks (total free, per-node free, devices per node)
-before any search. Multi-group gangs first try one node for everything, then prefer nodes the gang
-already uses, then nodes sharing the topology label value, then the nodes with the most free capacity.
+looked at, in best-fit order (shared devices in use first, a single share scored by all of a device's
+capacities with ``residual_score``, then unused devices); otherwise all nodes are scanned. Nodes that
+cannot take a group are remembered per (group signature, node version), and infeasible gangs are
+rejected by capacity pre-checks (total free, per-node free, devices per node) before any search.
+Multi-group gangs first try one node for everything, then prefer nodes the gang already uses, then
+nodes sharing the topology label value, then the nodes with the most free capacity.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ import random
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from driver.allocator.model import Claim, parse_claim
+from driver.allocator.capacity import compute_consumption, free_term, residual_score
+from driver.allocator.model import Claim, Request, parse_claim
 from driver.allocator.quantity import Number
 from driver.allocator.results import render_allocation
 from driver.allocator.search import BudgetExceeded, NodeSearch, Solution, distinct_slots
@@ -34,6 +36,7 @@ SINGLE_NODE_GANG_BUDGET = 2_000  # a non-final attempt: the gang is placed pod b
 FIRST_FIT_BUDGET = 200_000  # roughly kube-scheduler's 10 s Filter timeout, in Python steps
 FEASIBLE_NODES_COMPARED = 8
 GANG_SINGLE_NODE_TRIES = 64
+SCORED_DEVICES = 512  # in-use devices scored by every capacity per single-share placement, at most
 
 
 class _InvalidPools(Exception):
@@ -160,6 +163,19 @@ def _groups(pod_groups: Sequence[Sequence[int]] | None, count: int) -> list[tupl
             groups.append(members)
     groups.extend((i,) for i in range(count) if i not in seen)
     return groups
+
+
+def _single_share(claims: Sequence[Claim]) -> Request | None:
+    """The request of a group that is one claim asking for one device with capacities, else None."""
+    if len(claims) != 1 or len(claims[0].slots) != 1 or claims[0].constraints:
+        return None
+    alternatives = claims[0].slots[0].alternatives
+    if len(alternatives) != 1:
+        return None
+    request = alternatives[0]
+    if request.all_mode or request.count != 1 or not request.capacity or request.admin:
+        return None
+    return request
 
 
 def _indexed_demand(claims: Sequence[Claim], state: ClusterData) -> tuple[str, Number, Number] | None:
@@ -415,11 +431,51 @@ class _Gang:
                     seen.add(node)
             yield from ((n, None) for n in sorted(seen))
             return
+        share = _single_share(claims)
+        if share is not None:
+            for node, score in self._scored_share_nodes(key, largest, share):
+                if node not in seen:
+                    seen.add(node)
+                    yield node, ("scored", score)
         for (node, _), in_use, free in state.indexes[key].iter_at_least(largest):
             if node in seen or not self.allowed(node):
                 continue
             seen.add(node)
             yield node, (in_use, free)
+
+    def _scored_share_nodes(self, key: str, largest: Number, request: Request) -> list[tuple[str, float]]:
+        """Nodes of the in-use shared devices that can take ``request``, best-fit first by every
+        capacity (``residual_score``), not by memory alone.
+
+        The index lists in-use devices by ascending free memory, so the memory part of the score only
+        grows along the walk: it stops once that part alone passes the best score found (exact for
+        devices of one size, a heuristic across sizes), or after SCORED_DEVICES devices.
+        """
+        state = self.state
+        scored: list[tuple[float, int, str]] = []
+        best: float | None = None
+        examined = 0
+        for (node, device_id), in_use, free in state.indexes[key].iter_at_least(largest):
+            if not in_use or examined >= SCORED_DEVICES:
+                break
+            if not self.allowed(node):
+                continue
+            device = state.indexed_device(device_id)
+            if device is None:
+                continue
+            examined += 1
+            committed = state.committed_consumed(device_id)
+            consumed = compute_consumption(device, request.capacity, committed, None)
+            if consumed is None:
+                continue
+            memory_left = float(free - consumed.get(key, 0)) / float(device.capacity[key].value)
+            if best is not None and free_term(memory_left) > best:
+                break
+            score = residual_score(device, committed, consumed)
+            scored.append((score, len(scored), node))
+            best = score if best is None else min(best, score)
+        scored.sort()
+        return [(node, score) for score, _, node in scored]
 
     def _nodes_by_free(self, at_least: Number) -> list[str]:
         state = self.state

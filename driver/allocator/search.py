@@ -8,8 +8,9 @@ device twice); ``firstAvailable`` alternatives in order with the rest of the sea
 selectors, capacity, counters, taints, constraints) with everything undone on backtrack (counters
 included, as fixed by PR #140431).
 
-``best_fit=True`` changes only the *order* in which valid candidates are tried (packing first, then
-topology, then upstream order) and keeps the best of the first few complete solutions; every check is
+``best_fit=True`` changes only the *order* in which valid candidates are tried (packing first: shared
+devices in use, then the least room left by every capacity, normalised (``residual_score``); then
+topology; then upstream order) and keeps the best of the first few complete solutions; every check is
 the same code, so a best-fit allocation is one the first-fit rules accept. A step budget bounds the
 search; the caller falls back to first-fit when best-fit runs out of budget.
 """
@@ -20,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from driver.allocator.capacity import compute_consumption
+from driver.allocator.capacity import compute_consumption, residual_score
 from driver.allocator.celenv import SelectorError, evaluate_selector
 from driver.allocator.model import (
     MAX_RESULTS,
@@ -489,23 +490,18 @@ class NodeSearch:
 
     # ------------------------------------------------------------ best-fit ordering and scoring
 
-    def _packing_key(self, device: Device, consumed: dict[str, Number] | None) -> tuple[int, Number]:
+    def _packing_key(self, device: Device, consumed: dict[str, Number] | None) -> tuple[int, float]:
+        """(0 for a shared device already in use, else 1; its normalised room left after ``consumed``)."""
         device_id = device.id
         in_use = self.state.share_count(device_id) or self.allocating_shares.get(device_id)
         opened = 0 if (device.allow_multiple and in_use) else 1
-        memory_key = device.memory_key
-        if memory_key is None or consumed is None or not device.allow_multiple:
-            return (opened, 0)
-        spec = device.capacity[memory_key]
-        committed = self.state.committed_consumed(device_id) or {}
-        allocating = self.allocating_capacity.get(device_id) or {}
-        left = (
-            spec.value
-            - committed.get(memory_key, 0)
-            - allocating.get(memory_key, 0)
-            - consumed.get(memory_key, 0)
-        )
-        return (opened, left)
+        if consumed is None or not device.allow_multiple:
+            return (opened, 0.0)
+        committed = self.state.committed_consumed(device_id)
+        allocating = self.allocating_capacity.get(device_id)
+        if allocating:
+            consumed = {k: v + allocating.get(k, 0) for k, v in consumed.items()}
+        return (opened, residual_score(device, committed, consumed))
 
     def _topology_distance(self, ci: int, device: Device) -> int:
         chosen = self.results[ci]
@@ -536,11 +532,12 @@ class NodeSearch:
         return [candidate for _, candidate in keyed]
 
     def score(self, entries: tuple[tuple[Entry, ...], ...]) -> tuple[Any, ...]:
-        """Lower is better: (devices newly opened, memory left on shared devices, topology tier)."""
+        """Lower is better: (devices newly opened, normalised room left on shared devices, topology tier)."""
         opened = 0
-        left: Number = 0
+        left = 0.0
         tier = 0
-        touched: set[DeviceID] = set()
+        consumed_by: dict[DeviceID, dict[str, Number]] = {}
+        devices: dict[DeviceID, Device] = {}
         for claim_entries in entries:
             roots = {e.candidate.device.pcie_root for e in claim_entries}
             numas = {e.candidate.device.numa_node for e in claim_entries}
@@ -554,19 +551,14 @@ class NodeSearch:
                 )
             for entry in claim_entries:
                 device = entry.candidate.device
-                if device.id in touched:
-                    continue
-                touched.add(device.id)
-                if not (device.allow_multiple and self.state.share_count(device.id)):
-                    opened += 1
-                if device.allow_multiple and device.memory_key is not None:
-                    spec = device.capacity[device.memory_key]
-                    committed = self.state.committed_consumed(device.id) or {}
-                    used = committed.get(device.memory_key, 0) + sum(
-                        (e.consumed or {}).get(device.memory_key, 0)
-                        for ce in entries
-                        for e in ce
-                        if e.candidate.device.id == device.id
-                    )
-                    left += spec.value - used
+                if device.id not in devices:
+                    devices[device.id] = device
+                    if not (device.allow_multiple and self.state.share_count(device.id)):
+                        opened += 1
+                if device.allow_multiple:
+                    total = consumed_by.setdefault(device.id, {})
+                    for key, value in (entry.consumed or {}).items():
+                        total[key] = total.get(key, 0) + value
+        for device_id, consumed in consumed_by.items():
+            left += residual_score(devices[device_id], self.state.committed_consumed(device_id), consumed)
         return (opened, left, tier)

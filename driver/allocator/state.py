@@ -254,6 +254,11 @@ class ClusterData:
     def committed_consumed(self, device_id: DeviceID) -> dict[str, Number] | None:
         return self._consumed.get(device_id)
 
+    def indexed_device(self, device_id: DeviceID) -> Device | None:
+        """A device of a nodeName slice that a built node view holds (what the free index lists)."""
+        home = self._device_home.get(device_id)
+        return home[1] if home is not None else None
+
     def counters_available(self, pool_key: tuple[str, str]) -> dict[tuple[str, str], Number]:
         cached = self._counter_cache.get(pool_key)
         if cached is not None:

@@ -1,0 +1,51 @@
+"""Best-fit counts every capacity, normalised (not memory alone): a share goes where it closes a device
+in whichever capacity binds, keeping room shaped for what comes next."""
+
+from __future__ import annotations
+
+import random
+import uuid
+from typing import Any
+
+import pytest
+from allocator_builders import OURS, node_slice, our_classes, share
+
+from driver.allocator import ClusterState
+
+
+def _live(name: str, node: str, memory_gi: int, compute: int) -> dict[str, Any]:
+    result = {
+        "request": "gpu", "driver": OURS, "pool": node, "device": "gpu-0",
+        "shareID": str(uuid.UUID(int=random.Random(name).getrandbits(128), version=4)),
+        "consumedCapacity": {"memory": f"{memory_gi}Gi", "compute": str(compute)},
+    }  # fmt: skip
+    return {**share(name, memory_gi, compute), "status": {"allocation": {"devices": {"results": [result]}}}}
+
+
+@pytest.mark.parametrize("cluster_mode", [True, False])
+def test_compute_counts_as_much_as_memory(cluster_mode: bool) -> None:
+    """GPU a keeps 40 GiB and 90 % compute, GPU b 45 GiB and 45 %. A 35 GiB / 40 % share leaves a
+    with 5 GiB / 50 % (memory-only best-fit's pick: the least memory left) or b with 10 GiB / 5 %.
+    Counting compute too it goes to b, and a can still take a 30 GiB / 80 % share afterwards."""
+    state = ClusterState()
+    for device_class in our_classes():
+        state.upsert_class(device_class)
+    if cluster_mode:  # one GPU per node: the node choice is the device choice
+        state.upsert_slice(node_slice("a", gpus=1))
+        state.upsert_slice(node_slice("b", gpus=1))
+        state.assume([_live("live-a", "a", 40, 10), _live("live-b", "b", 35, 55)])
+        node = None
+    else:  # a two-GPU node: gpu-0 is a, gpu-1 is b
+        state.upsert_slice(node_slice("n0", gpus=2))
+        live_b = _live("live-b", "n0", 35, 55)
+        live_b["status"]["allocation"]["devices"]["results"][0]["device"] = "gpu-1"
+        state.assume([_live("live-a", "n0", 40, 10), live_b])
+        node = "n0"
+    rng = random.Random(0)
+    first = share("first", 35, 40)
+    result = state.allocate([first], node=node, rng=rng)
+    assert result is not None
+    placed = result[0]["devices"]["results"][0]
+    assert (placed["pool"], placed["device"]) == (("b", "gpu-0") if cluster_mode else ("n0", "gpu-1"))
+    state.assume([{**first, "status": {"allocation": result[0]}}])
+    assert state.allocate([share("second", 30, 80)], node=node, rng=rng) is not None
