@@ -6,6 +6,10 @@ requested capacity divided by the largest device's value of it; a request withou
 for a whole device), each tentatively held so the next sees it, and everything is released before
 returning: ``allocate_many`` holds nothing, like ``allocate``.
 
+With best-fit, each pass then compacts: for each device the pass opened, least loaded first, its
+groups are moved onto devices already in use (the device blocked meanwhile), and the move is kept
+only when every one of them finds room without opening another device.
+
 A few orders are tried and the pass that places the most groups, then the most demand, then opens
 the fewest devices is kept: largest first by the largest normalised dimension of a group, and with
 best-fit also by the sum of its dimensions and by each dimension alone; last, the input (arrival)
@@ -20,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from driver.allocator.model import Claim
+from driver.allocator.model import Claim, DeviceID
 from driver.allocator.placement import (
     Placed,
     hold_solutions,
@@ -29,7 +33,7 @@ from driver.allocator.placement import (
     render_placed,
     solve,
 )
-from driver.allocator.state import ClusterData
+from driver.allocator.state import ClusterData, LedgerEntry
 from driver.errors import AllocationError
 
 __all__ = ["GroupAllocationError", "demand_of", "place_many"]
@@ -106,32 +110,118 @@ def _orders(groups: Sequence[_Group], best_fit: bool) -> list[list[int]]:
     return orders
 
 
+def _devices(result: Placed) -> set[DeviceID]:
+    return {
+        entry.candidate.device.id
+        for _, solution in result
+        for claim_entries in solution.entries
+        for entry in claim_entries
+    }
+
+
+def _in_use(state: ClusterData, device_id: DeviceID) -> bool:
+    return bool(state.share_count(device_id) or state.exclusive_in_use(device_id))
+
+
+class _Pass:
+    """One pass over the groups in one order, holding what it places until ``release``."""
+
+    def __init__(
+        self, state: ClusterData, groups: Sequence[_Group], node: str | None, best_fit: bool
+    ) -> None:
+        self.state = state
+        self.groups = groups
+        self.node = node
+        self.best_fit = best_fit
+        self.placed: dict[int, Placed] = {}
+        self.held: dict[int, list[str]] = {}
+        self.opened: dict[DeviceID, None] = {}  # devices unused before this pass, in opening order
+
+    def solve(self, position: int) -> Placed | None:
+        group = self.groups[position]
+        try:
+            return solve(
+                self.state, group.claims, node=self.node, best_fit=self.best_fit, groups=group.pods,
+                exclude_nodes=group.exclude,
+            )  # fmt: skip
+        except AllocationError as error:
+            raise GroupAllocationError(group=group.index, cause=error) from error
+
+    def keep(self, position: int, result: Placed) -> None:
+        for device_id in _devices(result):
+            if not _in_use(self.state, device_id):
+                self.opened[device_id] = None
+        self.placed[position] = result
+        self.held[position] = hold_solutions(self.state, result)
+
+    def drop(self, position: int) -> Placed:
+        for uid in self.held.pop(position):
+            self.state.release(uid)
+        return self.placed.pop(position)
+
+    def run(self, order: Sequence[int]) -> None:
+        for position in order:
+            if not self.groups[position].claims:
+                self.placed[position] = []
+                self.held[position] = []
+                continue
+            result = self.solve(position)
+            if result is not None:
+                self.keep(position, result)
+
+    def compact(self) -> None:
+        """Try to empty each device this pass opened, least loaded first: move its groups onto devices
+        already in use (the device itself blocked meanwhile); keep the move only if every group found
+        room without opening another device."""
+        for device_id in sorted(self.opened, key=self._load):
+            users = [p for p, result in self.placed.items() if device_id in _devices(result)]
+            if not users:
+                continue
+            old = {p: self.drop(p) for p in users}
+            block = self.state.hold((LedgerEntry(device_id, False, ()),))
+            moved: list[int] = []
+            for position in sorted(users, key=lambda p: -_size(self.groups[p].demand, None)):
+                result = self.solve(position)
+                if result is None or any(not _in_use(self.state, d) for d in _devices(result)):
+                    break
+                self.placed[position] = result
+                self.held[position] = hold_solutions(self.state, result)
+                moved.append(position)
+            self.state.release(block)
+            if len(moved) == len(users):
+                del self.opened[device_id]
+                continue
+            for position in moved:
+                self.drop(position)
+            for position, result in old.items():
+                self.placed[position] = result
+                self.held[position] = hold_solutions(self.state, result)
+
+    def _load(self, device_id: DeviceID) -> float:
+        load = 0.0
+        for position, result in self.placed.items():
+            if device_id in _devices(result):
+                load += _size(self.groups[position].demand, "+")
+        return load
+
+    def release(self) -> None:
+        for uids in self.held.values():
+            for uid in uids:
+                self.state.release(uid)
+        self.held.clear()
+
+
 def _one_pass(
     state: ClusterData, groups: Sequence[_Group], order: Sequence[int], node: str | None, best_fit: bool
 ) -> dict[int, Placed]:
-    held: list[str] = []
-    placed: dict[int, Placed] = {}
+    one = _Pass(state, groups, node, best_fit)
     try:
-        for position in order:
-            group = groups[position]
-            if not group.claims:
-                placed[position] = []
-                continue
-            try:
-                result = solve(
-                    state, group.claims, node=node, best_fit=best_fit, groups=group.pods,
-                    exclude_nodes=group.exclude,
-                )  # fmt: skip
-            except AllocationError as error:
-                raise GroupAllocationError(group=group.index, cause=error) from error
-            if result is None:
-                continue
-            placed[position] = result
-            held.extend(hold_solutions(state, result))
+        one.run(order)
+        if best_fit:
+            one.compact()
     finally:
-        for uid in held:
-            state.release(uid)
-    return placed
+        one.release()
+    return one.placed
 
 
 def _quality(state: ClusterData, groups: Sequence[_Group], placed: Mapping[int, Placed]) -> tuple[Any, ...]:

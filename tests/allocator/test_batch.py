@@ -57,6 +57,21 @@ def test_largest_first_places_what_arrival_order_cannot() -> None:
     assert sorted(per_gpu.values()) == [80, 80]
 
 
+def test_a_burst_closes_devices_it_opened() -> None:
+    """160 GiB of shares fill two 80 GiB GPUs exactly ({40, 20, 20} and {35, 35, 10}); largest first
+    with best-fit alone opens a third, and emptying the least loaded device it opened closes it."""
+    shares = [(35, 0), (40, 5), (10, 5), (35, 10), (20, 5), (20, 15)]
+    groups = [[share(f"s{i}", gi, compute)] for i, (gi, compute) in enumerate(shares)]
+    for node in ("n0", None):
+        results = allocate_many(groups, slices=[node_slice("n0", gpus=4)], classes=our_classes(), node=node)
+        per_gpu: dict[str, float] = {}
+        for result in results:
+            assert result is not None
+            device = result[0]["devices"]["results"][0]["device"]
+            per_gpu[device] = per_gpu.get(device, 0) + _memory_gi(result[0])
+        assert sorted(per_gpu.values()) == [80, 80]
+
+
 def test_a_group_that_does_not_fit_never_stops_the_others() -> None:
     too_big = [share("big-a", 60), share("big-b", 60), share("big-c", 60)]  # one pod, three claims
     groups = [too_big, [share("small", 10)], [claim("whole", exact("gpu", class_name="gpu.fractional.dev"))]]
