@@ -8,7 +8,8 @@ returning: ``allocate_many`` holds nothing, like ``allocate``.
 
 With best-fit, each pass then compacts: for each device the pass opened, least loaded first, its
 groups are moved onto devices already in use (the device blocked meanwhile), and the move is kept
-only when every one of them finds room without opening another device.
+only when every one of them finds room without opening another device; the groups that did not fit
+are then tried once more, so each one left out was refused beside the final placement of the others.
 
 A few orders are tried and the pass that places the most groups, then the most demand, then opens
 the fewest devices is kept: largest first by the largest normalised dimension of a group, and with
@@ -219,6 +220,7 @@ def _one_pass(
         one.run(order)
         if best_fit:
             one.compact()
+            one.run([p for p in order if p not in one.placed])  # compacting may have made room
     finally:
         one.release()
     return one.placed
