@@ -13,7 +13,9 @@ container running on the share, ``fractional_share_memory_used_bytes`` (NVML's p
 of the running compute processes, mapped to pod and container through ``/proc/<pid>/cgroup``) and
 ``fractional_share_compute_used_percent`` (NVML's per-process SM utilisation samples, where the GPU
 offers them). Shares come from the checkpoint, so they appear when a claim is prepared and vanish
-when it is unprepared.
+when it is unprepared. ``container`` is the runtime's container ID (its first 12 hex digits, as
+``crictl ps`` shows it): the cgroup names the container by ID, and mapping it to the container's
+name would need the kubelet's pod-resources API or read access to pods, which the agent has not.
 
 With ``--dcgm-metrics`` the same per-GPU figures are also emitted under dcgm-exporter's names and
 labels (``internal/pkg/rendermetrics/render_metrics.go``: ``gpu`` (index), ``UUID``,
