@@ -235,6 +235,11 @@ class APIServer:
         options: RequestOptions,
     ) -> tuple[int, Obj]:
         rtype = route.rtype
+        if rtype.create_only:
+            if method != "POST" or route.name is not None:
+                raise _method_not_allowed(method)
+            self._record("create", route)
+            return 201, _review(rtype, _require_object(body))
         if route.name is None:
             if method == "GET":
                 self._record("list", route)
@@ -255,6 +260,11 @@ class APIServer:
                 raise _method_not_allowed(method)
             self._record("update", route)
             return 200, self._finalize(route, _require_object(body), options)
+        if route.subresource == "eviction":
+            if method != "POST":
+                raise _method_not_allowed(method)
+            self._record("create", route)
+            return 201, self._evict(route, _require_object(body), options)
         if route.subresource == "binding":
             if method != "POST":
                 raise _method_not_allowed(method)
@@ -414,7 +424,7 @@ class APIServer:
             conditions = [c for c in status.get("conditions") or [] if c.get("type") != "PodScheduled"]
             status["conditions"] = [*conditions, {"type": "PodScheduled", "status": "True"}]
             bound = {**current, "spec": {**spec, "nodeName": node}, "status": status}
-            return self._validator.validate(route.rtype, bound, current)
+            return self._validator.validate(route.rtype, bound, current, update_rules=False)
 
         self._store.update(route.rtype, route.namespace or "", route.name or "", compute)
         return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
@@ -439,6 +449,15 @@ class APIServer:
         if not removed or rtype.returns_object_on_delete:
             return obj
         return _success_status(rtype, obj)
+
+    def _evict(self, route: Route, eviction: Obj, options: RequestOptions) -> Obj:
+        """``pods/eviction`` (policy/v1 Eviction): no PodDisruptionBudget is served, so the pod is
+        deleted, as the eviction REST does when no budget covers it."""
+        delete_options = eviction.get("deleteOptions") or {}
+        if delete_options.get("dryRun") == ["All"]:
+            options.dry_run = True
+        self._delete(route, delete_options, options)
+        return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
 
     def _delete_namespace(self, route: Route, options: RequestOptions) -> Obj:
         """A namespace with ``spec.finalizers`` turns ``Terminating``: the namespace controller deletes
@@ -517,6 +536,25 @@ class APIServer:
     @property
     def stopping(self) -> bool:
         return self._stopping.is_set()
+
+
+LOOPBACK_USER = {"username": "system:admin", "groups": ["system:masters", "system:authenticated"]}
+
+
+def _review(rtype: ResourceType, review: Obj) -> Obj:
+    """A self-review answered as kube-apiserver answers its unauthenticated loopback admin (there
+    is no authentication or authorization here): everything is allowed."""
+    _check_type(rtype, review)
+    answer = {**review, "apiVersion": rtype.api_version, "kind": rtype.kind,
+              "metadata": {**(review.get("metadata") or {}), "creationTimestamp": None}}  # fmt: skip
+    if rtype.plural == "selfsubjectreviews":
+        answer["status"] = {"userInfo": dict(LOOPBACK_USER)}
+    else:
+        answer["status"] = {
+            "allowed": True,
+            "reason": "the emulator authorizes every request (loopback admin)",
+        }
+    return answer
 
 
 def _method_not_allowed(method: str) -> StatusError:

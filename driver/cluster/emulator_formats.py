@@ -16,6 +16,7 @@ __all__ = [
     "check_metadata",
     "dns_label",
     "dns_subdomain",
+    "go_quote",
     "label_key",
     "label_value",
     "quantity",
@@ -32,6 +33,11 @@ _C_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
 
 
+def go_quote(value: str) -> str:
+    """A string as Go's ``%q`` prints it in apiserver messages (double quotes, escapes)."""
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
 def dns_subdomain(value: Any, max_length: int = 253) -> str | None:
     if not isinstance(value, str) or not value:
         return "Required value"
@@ -39,8 +45,10 @@ def dns_subdomain(value: Any, max_length: int = 253) -> str | None:
         return f"Too long: may not be more than {max_length} bytes"
     if not _DNS_SUBDOMAIN.fullmatch(value):
         return (
-            f"Invalid value: {value!r}: a lowercase RFC 1123 subdomain must consist of lower case "
-            "alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character"
+            f"Invalid value: {go_quote(value)}: a lowercase RFC 1123 subdomain must consist of lower "
+            "case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character "
+            "(e.g. 'example.com', regex used for validation is "
+            "'[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')"
         )
     return None
 
@@ -50,8 +58,9 @@ def dns_label(value: Any) -> str | None:
         return "Required value"
     if len(value) > 63 or not _DNS_LABEL.fullmatch(value):
         return (
-            f"Invalid value: {value!r}: a lowercase RFC 1123 label must consist of lower case alphanumeric "
-            "characters or '-', start and end with an alphanumeric character, and be at most 63 characters"
+            f"Invalid value: {go_quote(value)}: a lowercase RFC 1123 label must consist of lower case "
+            "alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. "
+            "'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')"
         )
     return None
 

@@ -18,6 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 
 from driver.cluster.emulator_openapi import openapi_document
+from driver.cluster.emulator_protobuf import PROTOBUF, decode_protobuf
 from driver.cluster.emulator_store import ResourceType, StatusError, Watcher, WatchEvent
 from driver.cluster.emulator_strategy import RESOURCE_TYPES, find_resource_type
 
@@ -111,7 +112,7 @@ def parse_route(path: str) -> Route | None:
         return None
     name = rest[1] if len(rest) > 1 else None
     subresource = rest[2] if len(rest) > 2 else None
-    if (subresource, rtype.plural) in (("binding", "pods"), ("finalize", "namespaces")):
+    if (subresource, rtype.plural) in (("binding", "pods"), ("eviction", "pods"), ("finalize", "namespaces")):
         return Route(rtype, namespace, name, subresource)
     if subresource is not None and (subresource != "status" or not rtype.status_subresource):
         return None
@@ -126,13 +127,29 @@ def _resource_list(group: str, version: str) -> Obj | None:
     for rtype in types:
         entry: Obj = {
             "name": rtype.plural, "singularName": rtype.kind.lower(), "namespaced": rtype.namespaced,
-            "kind": rtype.kind, "verbs": _VERBS,
+            "kind": rtype.kind, "verbs": ["create"] if rtype.create_only else _VERBS,
         }  # fmt: skip
         if (short_names := _SHORT_NAMES.get((rtype.group, rtype.plural))) is not None:
             entry["shortNames"] = short_names
         if (categories := _CATEGORIES.get((rtype.group, rtype.plural))) is not None:
             entry["categories"] = categories
         resources.append(entry)
+        if rtype.plural == "pods" and not rtype.group:
+            for sub, sub_kind, sub_group, sub_version in (
+                ("binding", "Binding", "", "v1"),
+                ("eviction", "Eviction", "policy", "v1"),
+            ):
+                resources.append(
+                    {
+                        "name": f"pods/{sub}",
+                        "singularName": "",
+                        "namespaced": True,
+                        "kind": sub_kind,
+                        "group": sub_group,
+                        "version": sub_version,
+                        "verbs": ["create"],
+                    }
+                )
         if rtype.status_subresource:
             status = {key: value for key, value in entry.items() if key not in ("shortNames", "categories")}
             resources.append(
@@ -201,6 +218,14 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _serve(self, method: str) -> None:
         raw = self._read_body()  # always consume the body first: the connection is reused
+        decoded: Any = None
+        if raw and self.headers.get("Content-Type", "").startswith(PROTOBUF):
+            try:
+                decoded = decode_protobuf(raw)
+            except StatusError as error:
+                self._send_json(error.code, error.to_status())
+                return
+            raw = b""
         try:
             body = json.loads(raw) if raw else None
         except ValueError as error:
@@ -208,6 +233,8 @@ class _Handler(BaseHTTPRequestHandler):
                 400, StatusError(code=400, reason="BadRequest", message=f"invalid JSON: {error}").to_status()
             )
             return
+        if decoded is not None:
+            body = decoded
         url = urllib.parse.urlsplit(self.path)
         query = {
             key: values[-1]

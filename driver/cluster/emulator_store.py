@@ -52,6 +52,7 @@ class ResourceType:
     status_subresource: bool = False
     returns_object_on_delete: bool = False
     field_labels: frozenset[str] = frozenset()
+    create_only: bool = False  # a review: answered on create, never stored
 
     @property
     def api_version(self) -> str:

@@ -74,6 +74,10 @@ RESOURCE_TYPES: tuple[ResourceType, ...] = (
                  field_labels=frozenset({"status.successful"})),
     ResourceType("autoscaling", "v2", "horizontalpodautoscalers", "HorizontalPodAutoscaler", namespaced=True,
                  status_subresource=True),
+    ResourceType("authorization.k8s.io", "v1", "selfsubjectaccessreviews", "SelfSubjectAccessReview",
+                 namespaced=False, create_only=True),
+    ResourceType("authentication.k8s.io", "v1", "selfsubjectreviews", "SelfSubjectReview", namespaced=False,
+                 create_only=True),
 )  # fmt: skip
 
 _BY_PATH = {(rtype.group, rtype.version, rtype.plural): rtype for rtype in RESOURCE_TYPES}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from driver.cluster.emulator_core_rules import check_core_rules
 from driver.cluster.emulator_request import FieldValidation
 from driver.cluster.emulator_rules import check_rules, drop_disabled_fields
 from driver.cluster.emulator_schema import SCHEMA_VERSION, SchemaViolation, schema_check
@@ -120,12 +121,14 @@ class ObjectValidator:
         *,
         field_validation: FieldValidation | None = None,
         warnings: list[str] | None = None,
+        update_rules: bool = True,
     ) -> Obj:
         """Return the object to store, or raise 422 naming the field.
 
         Unknown fields, as the apiserver's decoder treats them under ``field_validation``: dropped
         (``Ignore``), dropped with a warning appended to ``warnings`` (``Warn``) or refused with 400
         (``Strict``). None keeps the emulator's own strictness for internal writes: 422 naming it.
+        ``update_rules=False``: a subresource with its own rules (``pods/binding``) changes the object.
         """
         obj = drop_disabled_fields(rtype, obj, self._disabled_features)
         name = obj["metadata"].get("name", "")
@@ -148,7 +151,7 @@ class ObjectValidator:
             raise _strict_decoding_error(rtype, unknown)
         if unknown and field_validation is FieldValidation.WARN and warnings is not None:
             warnings.extend(f'unknown field "{field}"' for field in unknown)
-        causes = check_rules(rtype, obj, old)
+        causes = check_rules(rtype, obj, old) + check_core_rules(rtype, obj, old if update_rules else None)
         if causes:
             raise invalid_error(rtype, name, causes)
         return obj

@@ -432,3 +432,153 @@ def test_deployment_makes_a_replica_set_and_pods(kubectl: Kubectl) -> None:
     kubectl.run("delete", "deployment", "web", "-n", namespace)
     kubectl.run("wait", "-n", namespace, "--for=delete", "pod", "-l", "app=web", "--timeout=60s")
     assert kubectl.json("get", "rs", "-n", namespace)["items"] == []
+
+
+# update rules and validation parity ----------------------------------------------------------------
+
+
+def _gated_pod(namespace: str, *gates: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "gated", "namespace": namespace},
+        "spec": {
+            "schedulingGates": [{"name": gate} for gate in gates],
+            "containers": [{"name": "main", "image": "busybox:1.36"}],
+        },
+    }
+
+
+def test_reapplying_a_manifest_cannot_add_back_a_removed_gate(kubectl: Kubectl) -> None:
+    namespace = _namespace(kubectl, "gates")
+    kubectl.apply(_gated_pod(namespace, "example.com/wait"))
+    kubectl.run(
+        "patch",
+        "pod",
+        "gated",
+        "-n",
+        namespace,
+        "--type=json",
+        "-p",
+        '[{"op":"remove","path":"/spec/schedulingGates"}]',
+    )
+    result = kubectl.run(
+        "apply", "-f", "-", stdin=yaml.safe_dump(_gated_pod(namespace, "example.com/wait")), check=False
+    )
+    assert result.returncode == 1
+    forbidden = (
+        "spec.schedulingGates[0].name: Forbidden: only deletion is allowed, but found new scheduling gate"
+    )
+    assert f"The Pod \"gated\" is invalid: {forbidden} 'example.com/wait'" in result.stderr
+    assert "schedulingGates" not in kubectl.json("get", "pod", "gated", "-n", namespace)["spec"]
+
+
+def test_pod_spec_is_immutable_but_for_the_allowed_fields(kubectl: Kubectl) -> None:
+    namespace = _namespace(kubectl, "podspec")
+    pod = _gated_pod(namespace, "example.com/wait")
+    kubectl.apply(pod)
+    pod["spec"]["containers"][0]["image"] = "busybox:1.37"  # allowed
+    assert kubectl.apply(pod).stdout.strip() == "pod/gated configured"
+    pod["spec"]["restartPolicy"] = "Never"
+    result = kubectl.run("apply", "-f", "-", stdin=yaml.safe_dump(pod), check=False)
+    assert result.returncode == 1
+    assert (
+        'The Pod "gated" is invalid: spec: Forbidden: pod updates may not change fields other than'
+        in result.stderr
+    )
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (
+            lambda claim: claim["spec"]["devices"]["requests"][0]["exactly"].update(
+                deviceClassName="Not_A_Class"
+            ),
+            'spec.devices.requests[0].exactly.deviceClassName: Invalid value: "Not_A_Class": '
+            "a lowercase RFC 1123 subdomain must consist of",
+        ),
+        (
+            lambda claim: claim["spec"]["devices"]["requests"][0]["exactly"].update(
+                selectors=[{"cel": {"expression": "device.attributes["}}]
+            ),
+            "spec.devices.requests[0].exactly.selectors[0].cel.expression: "
+            'Invalid value: "device.attributes[": compilation failed',
+        ),
+    ],
+    ids=["device-class-name", "cel-selector"],
+)
+def test_claims_are_validated_as_the_server_does(kubectl: Kubectl, mutate: Any, message: str) -> None:
+    namespace = _namespace(kubectl, "parity")
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "bad", "namespace": namespace},
+        "spec": {
+            "devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.fractional.dev"}}]}
+        },
+    }
+    mutate(claim)
+    result = kubectl.run("apply", "-f", "-", stdin=yaml.safe_dump(claim), check=False)
+    assert result.returncode == 1
+    assert 'The ResourceClaim "bad" is invalid: ' + message in result.stderr
+
+
+def test_pod_without_containers_is_refused(kubectl: Kubectl) -> None:
+    namespace = _namespace(kubectl, "empty")
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "empty", "namespace": namespace},
+        "spec": {"containers": []},
+    }
+    result = kubectl.run("create", "-f", "-", stdin=yaml.safe_dump(pod), check=False)
+    assert result.returncode == 1
+    assert 'The Pod "empty" is invalid: spec.containers: Required value' in result.stderr
+
+
+# protobuf request bodies ------------------------------------------------------------------------------
+
+
+def test_create_namespace_configmap_and_deployment(kubectl: Kubectl) -> None:
+    """kubectl sends these as protobuf (application/vnd.kubernetes.protobuf)."""
+    namespace = f"created-{kubectl.suffix}"
+    assert kubectl.run("create", "namespace", namespace).stdout.strip() == f"namespace/{namespace} created"
+    created = kubectl.run("create", "configmap", "settings", "-n", namespace, "--from-literal=mode=fast")
+    assert created.stdout.strip() == "configmap/settings created"
+    assert kubectl.json("get", "configmap", "settings", "-n", namespace)["data"] == {"mode": "fast"}
+    deployed = kubectl.run(
+        "create", "deployment", "web", "-n", namespace, "--image=busybox:1.36", "--replicas=2"
+    )
+    assert deployed.stdout.strip() == "deployment.apps/web created"
+    deployment = kubectl.json("get", "deployment", "web", "-n", namespace)
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["template"]["spec"]["containers"][0]["image"] == "busybox:1.36"
+    kubectl.run("wait", "-n", namespace, "--for=condition=Available", "deployment/web", "--timeout=60s")
+
+
+def test_auth_can_i_and_whoami_answer_as_the_loopback_admin(kubectl: Kubectl) -> None:
+    assert kubectl.run("auth", "can-i", "create", "pods").stdout.strip() == "yes"
+    assert (
+        kubectl.run("auth", "can-i", "delete", "resourceclaims.resource.k8s.io", "-A").stdout.strip() == "yes"
+    )
+    who = kubectl.run("auth", "whoami", "-o", "json")
+    assert json.loads(who.stdout)["status"]["userInfo"]["username"] == "system:admin"
+
+
+def test_drain_evicts_the_pods_of_a_node(kubectl: Kubectl) -> None:
+    namespace = _namespace(kubectl, "drain")
+    node = f"drained-{kubectl.suffix}"
+    kubectl.apply({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}})
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "lonely", "namespace": namespace},
+        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "x"}]},
+    }
+    kubectl.apply(pod)
+    result = kubectl.run("drain", node, "--force", "--timeout=60s")
+    assert f"node/{node} cordoned" in result.stdout
+    assert "pod/lonely evicted" in result.stdout
+    assert kubectl.json("get", "node", node)["spec"]["unschedulable"] is True
+    assert kubectl.json("get", "pods", "-n", namespace)["items"] == []
