@@ -6,11 +6,11 @@ of fields whose feature gate is off."""
 from __future__ import annotations
 
 import itertools
-import json
 import re
 from decimal import Decimal
 from typing import Any
 
+from driver.cluster import emulator_json
 from driver.cluster.emulator_formats import (
     Causes,
     check_metadata,
@@ -288,7 +288,7 @@ def _check_opaque(config: list[Obj], base: str, causes: Causes) -> None:
         parameters = opaque.get("parameters")
         if not isinstance(parameters, dict):
             causes.append((f"{base}[{index}].opaque.parameters", "Invalid value: must be a JSON object"))
-        elif len(json.dumps(parameters, separators=(",", ":"))) > MAX_OPAQUE_PARAMETERS_BYTES:
+        elif len(emulator_json.dumps(parameters)) > MAX_OPAQUE_PARAMETERS_BYTES:
             causes.append(
                 (
                     f"{base}[{index}].opaque.parameters",
