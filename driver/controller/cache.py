@@ -10,7 +10,7 @@ assume cache.
 from __future__ import annotations
 
 import threading
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from enum import StrEnum
 from typing import Any
 
@@ -30,6 +30,8 @@ from driver.controller.objects import (
 )
 
 __all__ = ["ClusterCache", "Kind"]
+
+MAX_DELETED_UIDS = 100_000
 
 
 class Kind(StrEnum):
@@ -60,11 +62,24 @@ class ClusterCache:
         self._bound: dict[ObjectKey, tuple[str, Resources]] = {}
         self._usage: dict[str, Resources] = defaultdict(Resources)
         self._placed: dict[ObjectKey, tuple[str, Resources]] = {}
+        self._rejected: dict[tuple[Kind, ObjectKey], str] = {}  # objects we must not act on, and why
+        # UIDs seen deleted: a write's answer that arrives after the watch's DELETED must not bring
+        # the object back (the worker assumes what it wrote). Bounded, oldest forgotten first.
+        self._deleted_uids: OrderedDict[str, None] = OrderedDict()
 
     # -- updates (watchers, and the worker's assume step) ------------------------------------------
 
-    def apply(self, kind: Kind, event_type: str, obj: dict[str, Any]) -> tuple[bool, dict[str, Any] | None]:
-        """Apply one watch event; returns (applied, the object held before)."""
+    def apply(
+        self,
+        kind: Kind,
+        event_type: str,
+        obj: dict[str, Any],
+        *,
+        rejected: str | None = None,
+        listed: bool = False,
+    ) -> tuple[bool, dict[str, Any] | None]:
+        """Apply one watch event; returns (applied, the object held before). ``rejected``: why the
+        object as read cannot be trusted (cut by the bounded decoder); the worker leaves it alone."""
         key = object_key(obj)
         with self.lock:
             old = self._objects[kind].get(key)
@@ -72,29 +87,55 @@ class ClusterCache:
                 if old is None or (_uid(old) != _uid(obj) and resource_version_is_older(_rv(obj), _rv(old))):
                     return False, old
                 del self._objects[kind][key]
+                self._rejected.pop((kind, key), None)
                 self._on_removed(kind, key, old)
+                self._remember_deleted(_uid(old))
                 return True, old
             if old is not None and _uid(old) == _uid(obj) and resource_version_is_older(_rv(obj), _rv(old)):
                 return False, old
+            if not listed and _uid(obj) in self._deleted_uids:
+                return False, old  # an answer to our write, overtaken by the object's deletion
             self._objects[kind][key] = obj
+            if rejected is None:
+                self._rejected.pop((kind, key), None)
+            else:
+                self._rejected[(kind, key)] = rejected
             self._on_stored(kind, key, obj, old)
             return True, old
 
-    def replace(self, kind: Kind, objs: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
-        """A fresh LIST: store it and drop what is gone. Returns the changes as synthetic events."""
+    def rejection(self, kind: Kind, key: str) -> str | None:
+        """Why the object at ``key`` was rejected when read, or None when it is fine."""
+        with self.lock:
+            return self._rejected.get((kind, ObjectKey(key)))
+
+    def replace(
+        self, kind: Kind, objs: list[dict[str, Any]], rejected: dict[int, str] | None = None
+    ) -> list[tuple[str, dict[str, Any]]]:
+        """A fresh LIST: store it and drop what is gone. Returns the changes as synthetic events.
+        ``rejected``: index in ``objs`` -> why that object was rejected when read."""
         changes: list[tuple[str, dict[str, Any]]] = []
+        reasons = rejected or {}
         with self.lock:
             fresh = {object_key(o) for o in objs}
             for key, old in list(self._objects[kind].items()):
                 if key not in fresh:
                     del self._objects[kind][key]
+                    self._rejected.pop((kind, key), None)
                     self._on_removed(kind, key, old)
+                    self._remember_deleted(_uid(old))
                     changes.append(("DELETED", old))
-            for obj in objs:
-                applied, previous = self.apply(kind, "MODIFIED", obj)
+            for index, obj in enumerate(objs):
+                applied, previous = self.apply(
+                    kind, "MODIFIED", obj, rejected=reasons.get(index), listed=True
+                )
                 if applied and (previous is None or _rv(previous) != _rv(obj)):
                     changes.append(("ADDED" if previous is None else "MODIFIED", obj))
         return changes
+
+    def _remember_deleted(self, uid: str) -> None:
+        self._deleted_uids[uid] = None
+        if len(self._deleted_uids) > MAX_DELETED_UIDS:
+            self._deleted_uids.popitem(last=False)
 
     def _on_stored(self, kind: Kind, key: ObjectKey, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
         if kind is Kind.SLICE:

@@ -16,6 +16,7 @@ from typing import Any
 from kubernetes import client
 
 from driver.controller.cache import ClusterCache, Kind
+from driver.controller.decode import bounded
 from driver.controller.events import EventRecorder
 from driver.controller.explain import share_memory_requests
 from driver.controller.metrics import ControllerMetrics
@@ -218,6 +219,7 @@ class Controller:
             metrics=self.metrics,
             settings=self.settings,
             capacity_generation=self.capacity_generation,
+            capacity_freed=self._bump_capacity,
             gate_seen=self._gate_seen,
         )
         try:
@@ -261,7 +263,10 @@ class Controller:
         except FractionalError as error:  # 409, 5xx, refused, rejected: back off and decide again
             delay = self.queue.add_rate_limited(key)
             self.metrics.decisions.labels(outcome="retry").inc()
-            log.info("requeued", extra={"key": key, "error": str(error), "delay_seconds": round(delay, 3)})
+            log.info(
+                "requeued",
+                extra={"key": bounded(key), "error": bounded(error), "delay_seconds": round(delay, 3)},
+            )
         except Exception:  # a bug: log it once with its traceback, back off, keep serving the other keys
-            log.exception("reconcile failed", extra={"key": key})
+            log.exception("reconcile failed", extra={"key": bounded(key)})
             self.queue.add_rate_limited(key)

@@ -13,6 +13,7 @@ from typing import Any
 
 from kubernetes import client
 
+from driver.controller.decode import bounded
 from driver.controller.objects import HINT_ANNOTATION, GangKey
 from driver.errors import ConflictError
 from driver.kube import REQUEST_TIMEOUT_SECONDS, api_errors
@@ -20,6 +21,7 @@ from driver.kube import REQUEST_TIMEOUT_SECONDS, api_errors
 __all__ = [
     "COMPONENT",
     "REASON_FAILED",
+    "REASON_REJECTED",
     "REASON_UNSCHEDULABLE",
     "EventRecorder",
     "build_pod_template",
@@ -32,9 +34,12 @@ log = logging.getLogger(__name__)
 COMPONENT = "fractional-dra-controller"
 REASON_UNSCHEDULABLE = "GangUnschedulable"
 REASON_FAILED = "AllocationFailed"
+REASON_REJECTED = "ObjectRejected"
+MAX_EVENT_MESSAGE_CHARS = 1024  # kube-apiserver truncates longer Event messages the same way
 PROVISIONING_ANNOTATION = "cluster-autoscaler.kubernetes.io/consume-provisioning-request"
 PROVISIONING_CLASS_ANNOTATION = "cluster-autoscaler.kubernetes.io/provisioning-class-name"
 _NAME_LIMIT = 253
+_INVOLVED_API_VERSIONS = {"Pod": "v1", "ResourceClaim": "resource.k8s.io/v1"}
 
 
 def _now() -> str:
@@ -116,6 +121,7 @@ class EventRecorder:
         self._custom: Any = client.CustomObjectsApi(api_client)
         self._identity = identity or COMPONENT
         self._last_message: dict[GangKey, str] = {}
+        self._rejected: dict[str, str] = {}  # object UID -> message already emitted
         self.emitted = 0
 
     def forget(self, gang: GangKey) -> None:
@@ -127,21 +133,46 @@ class EventRecorder:
         """Emit the gang's Event unless the same message was the last one; True when emitted."""
         if self._last_message.get(gang) == message:
             return False
-        meta = pod["metadata"]
+        self._emit(pod, reason=reason, message=message)
+        self._last_message[gang] = message
+        log.info(
+            "gang event emitted", extra={"gang": gang, "reason": reason, "event_message": bounded(message)}
+        )
+        return True
+
+    def object_rejected(self, resource: str, obj: dict[str, Any], problem: str) -> bool:
+        """A Warning Event on an object the controller will not act on (``problem`` names the field);
+        emitted once per object UID and message. True when emitted."""
+        meta = obj.get("metadata") or {}
+        uid = str(meta.get("uid") or "")
+        what = "ResourceClaim" if resource == "resourceclaims" else "Pod"
+        message = (
+            f"{what} {meta.get('namespace')}/{meta.get('name')}: {problem}; the controller leaves it alone"
+        )
+        if self._rejected.get(uid) == message:
+            return False
+        self._emit(obj, reason=REASON_REJECTED, message=message, kind=what)
+        self._rejected[uid] = message
+        log.warning("object rejected", extra={"resource": resource, "object": f"{meta.get('namespace')}/"
+                    f"{meta.get('name')}", "reason": bounded(problem)})  # fmt: skip
+        return True
+
+    def _emit(self, obj: dict[str, Any], *, reason: str, message: str, kind: str = "Pod") -> None:
+        meta = obj["metadata"]
         now = _now()
         body = {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "metadata": {"generateName": f"{meta['name'][:200]}.", "namespace": meta["namespace"]},
             "involvedObject": {
-                "apiVersion": "v1",
-                "kind": "Pod",
+                "apiVersion": _INVOLVED_API_VERSIONS[kind],
+                "kind": kind,
                 "name": meta["name"],
                 "namespace": meta["namespace"],
                 "uid": meta.get("uid"),
             },
             "reason": reason,
-            "message": message[:1024],
+            "message": bounded(message, MAX_EVENT_MESSAGE_CHARS - 40),
             "type": "Warning",
             "source": {"component": COMPONENT},
             "reportingComponent": "fractional.dev/controller",
@@ -150,14 +181,11 @@ class EventRecorder:
             "lastTimestamp": now,
             "count": 1,
         }
-        with api_errors(f"create Event for Pod {meta['namespace']}/{meta['name']}"):
+        with api_errors(f"create Event for {kind} {meta['namespace']}/{meta['name']}"):
             self._core.create_namespaced_event(
                 meta["namespace"], body, _preload_content=False, _request_timeout=REQUEST_TIMEOUT_SECONDS
             )
-        self._last_message[gang] = message
         self.emitted += 1
-        log.info("gang event emitted", extra={"gang": gang, "reason": reason, "event_message": message})
-        return True
 
     def publish_provisioning_request(
         self, gang: GangKey, pods: list[dict[str, Any]], provisioning_class: str

@@ -26,7 +26,9 @@ from driver.controller.objects import (
     pod_claim_refs,
 )
 
-__all__ = ["GangPlan", "PodGroup", "plan_gang"]
+__all__ = ["MAX_GANG_PODS", "GangPlan", "PodGroup", "held_claims", "plan_gang"]
+
+MAX_GANG_PODS = 4096  # a gang-size annotation above this is refused, not searched for
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +52,7 @@ class GangPlan:
     size: int = 0
     signature: str = ""  # changes when what the gang asks for changes
     all_pods: tuple[dict[str, Any], ...] = field(default=())
+    invalid: tuple[tuple[Kind, dict[str, Any], str], ...] = ()  # objects rejected when read, and why
 
 
 def _is_allocated(claim: dict[str, Any]) -> bool:
@@ -61,47 +64,117 @@ def _is_ours(claim: dict[str, Any]) -> bool:
     return bool(status.get("allocation")) and has_finalizer(claim) and not status.get("reservedFor")
 
 
+def held_claims(cache: ClusterCache, gated: tuple[dict[str, Any], ...]) -> tuple[dict[str, Any], ...]:
+    """Claims of ``gated`` pods that we allocated and that nothing else uses: no pod outside these
+    (a gated pod being deleted never ran, so it does not count). What a gang that cannot complete
+    gives back."""
+    gated_keys = {object_key(p) for p in gated}
+    held: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for pod in gated:
+        namespace = pod["metadata"]["namespace"]
+        for ref in pod_claim_refs(pod):
+            claim_key = f"{namespace}/{ref.claim_name}"
+            claim = cache.get(Kind.CLAIM, claim_key) if ref.claim_name else None
+            if claim is None or claim_key in seen or not _is_ours(claim):
+                continue
+            if cache.rejection(Kind.CLAIM, claim_key) is not None:
+                continue  # never written back as read (it was cut when decoded)
+            seen.add(claim_key)
+            users = cache.claim_users(claim_key)
+            if all(object_key(u) in gated_keys or (is_gated(u) and is_deleting(u)) for u in users):
+                held.append(claim)
+    return tuple(held)
+
+
+def _cannot_complete(cache: ClusterCache, plan: GangPlan) -> GangPlan:
+    """A gang that must wait gives back what a half-done placement left it (a crash, a lost lease, a
+    pod or claim deleted meanwhile): it allocates again, whole, once it can complete."""
+    release = held_claims(cache, plan.gated)
+    if not release:
+        return plan
+    return GangPlan(
+        key=plan.key, action="release", gated=plan.gated, release=release, size=plan.size,
+        reason=f"gang cannot complete ({plan.reason}); releasing a half-done allocation",
+        invalid=plan.invalid,
+    )  # fmt: skip
+
+
 def plan_gang(cache: ClusterCache, key: GangKey) -> GangPlan:
     pods = [p for p in cache.gang_pods(key) if not is_deleting(p)]
     gated = tuple(p for p in pods if is_gated(p))
     if not gated:
         return GangPlan(key=key, action="idle")
+    invalid = tuple(
+        (Kind.POD, p, reason)
+        for p in gated
+        if (reason := cache.rejection(Kind.POD, str(object_key(p)))) is not None
+    )
+    if invalid:
+        return _cannot_complete(
+            cache, GangPlan(key=key, action="wait", reason="a pod was rejected", gated=gated, invalid=invalid)
+        )
     sizes = [gang_size_of(p) for p in pods]
     if any(size is None for size in sizes):
-        return GangPlan(
-            key=key, action="wait", reason="fractional.dev/gang-size is not a positive integer", gated=gated
+        return _cannot_complete(
+            cache,
+            GangPlan(
+                key=key,
+                action="wait",
+                reason="fractional.dev/gang-size is not a positive integer",
+                gated=gated,
+            ),
         )
     size = max(s for s in sizes if s is not None)
-    if len(pods) < size:
-        return GangPlan(
-            key=key, action="wait", reason=f"{len(pods)} of {size} pods exist", gated=gated, size=size
+    if size > MAX_GANG_PODS:
+        return _cannot_complete(
+            cache,
+            GangPlan(key=key, action="wait", gated=gated,
+                     reason=f"fractional.dev/gang-size {size} is over the limit of {MAX_GANG_PODS} pods"),
+        )  # fmt: skip
+    # Once a pod of the gang was ungated the gang is committed (ungating is the commit point):
+    # the rest of it follows even when a member has gone since; it is not held back or released.
+    committed = any(not is_gated(p) for p in pods)
+    if len(pods) < size and not committed:
+        return _cannot_complete(
+            cache,
+            GangPlan(
+                key=key, action="wait", reason=f"{len(pods)} of {size} pods exist", gated=gated, size=size
+            ),
         )
 
     # Resolve each gated pod's claims.
     claims_of: list[list[dict[str, Any]]] = []
+    rejected: list[tuple[Kind, dict[str, Any], str]] = []
     for pod in gated:
         namespace = pod["metadata"]["namespace"]
         resolved: list[dict[str, Any]] = []
         for ref in pod_claim_refs(pod):
             if ref.claim_name is None:
-                return GangPlan(
-                    key=key,
-                    action="wait",
-                    gated=gated,
-                    size=size,
-                    reason=f"pod {pod['metadata']['name']}: claim for {ref.entry} not created yet",
-                )
+                return _cannot_complete(
+                    cache,
+                    GangPlan(key=key, action="wait", gated=gated, size=size,
+                             reason=f"pod {pod['metadata']['name']}: claim for {ref.entry} not created yet"),
+                )  # fmt: skip
             claim = cache.get(Kind.CLAIM, f"{namespace}/{ref.claim_name}")
             if claim is None or is_deleting(claim):
-                return GangPlan(
-                    key=key,
-                    action="wait",
-                    gated=gated,
-                    size=size,
-                    reason=f"pod {pod['metadata']['name']}: ResourceClaim {ref.claim_name} not found",
-                )
+                return _cannot_complete(
+                    cache,
+                    GangPlan(key=key, action="wait", gated=gated, size=size,
+                             reason=f"pod {pod['metadata']['name']}: ResourceClaim {ref.claim_name} "
+                             + ("not found" if claim is None else "is being deleted")),
+                )  # fmt: skip
+            reason = cache.rejection(Kind.CLAIM, f"{namespace}/{ref.claim_name}")
+            if reason is not None:
+                rejected.append((Kind.CLAIM, claim, reason))
             resolved.append(claim)
         claims_of.append(resolved)
+    if rejected:
+        return _cannot_complete(
+            cache,
+            GangPlan(key=key, action="wait", gated=gated, size=size, reason="a claim was rejected",
+                     invalid=tuple(rejected)),
+        )  # fmt: skip
 
     # Group pods that share an unallocated claim (they must share its node).
     parent = list(range(len(gated)))
@@ -182,21 +255,13 @@ def plan_gang(cache: ClusterCache, key: GangKey) -> GangPlan:
 
     # A gang half-allocated by us (a crash mid-gang): every pod still gated, some claims ours.
     if len(gated) == len(pods):
-        gated_keys = {object_key(p) for p in gated}
-        release = []
-        for claims in claims_of:
-            for claim in claims:
-                if not _is_ours(claim) or claim in release:
-                    continue
-                users = {object_key(u) for u in cache.claim_users(str(object_key(claim)))}
-                if users <= gated_keys:
-                    release.append(claim)
+        release = held_claims(cache, gated)
         if release:
             return GangPlan(
                 key=key,
                 action="release",
                 gated=gated,
-                release=tuple(release),
+                release=release,
                 size=size,
                 reason="gang was left half-allocated",
                 signature=signature,

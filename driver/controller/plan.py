@@ -28,6 +28,7 @@ import yaml
 
 from driver.allocator import ClusterState
 from driver.config import PlanConfig
+from driver.controller.decode import bounded
 from driver.controller.explain import format_bytes
 from driver.controller.hints import Hint, NodeShape, build_template, compute_hint, profile_shapes
 from driver.controller.objects import GANG_LABEL, allocation_node, quantity
@@ -93,7 +94,9 @@ def parse_claims_file(path: str) -> tuple[list[Gang], list[dict[str, Any]]]:
     except OSError as error:
         raise _fail(path, "file", f"cannot read: {error.strerror or error}") from error
     except yaml.YAMLError as error:
-        raise _fail(path, "file", f"not valid YAML: {error}") from error
+        raise _fail(path, "file", f"not valid YAML: {bounded(error)}") from error
+    except RecursionError as error:  # PyYAML composes recursively: a deeply nested file
+        raise _fail(path, "file", "nested too deeply to read") from error
     classes = build_device_classes()
     gangs: list[Gang] = []
     grouped: dict[str, list[dict[str, Any]]] = {}

@@ -17,6 +17,7 @@ from typing import Any
 
 from driver.controller.cache import ClusterCache, Kind
 from driver.controller.decide import Decision, decide
+from driver.controller.decode import bounded
 from driver.controller.events import REASON_FAILED, EventRecorder
 from driver.controller.explain import best_node_offer, describe_demand
 from driver.controller.gangs import GangPlan, plan_gang
@@ -62,6 +63,7 @@ class Reconciler:
     metrics: ControllerMetrics
     settings: ReconcilerSettings
     capacity_generation: Callable[[], int]
+    capacity_freed: Callable[[], None] = lambda: None  # requeues the gangs waiting for room
     gate_seen: dict[str, float] = field(default_factory=dict)
     latencies: list[float] = field(default_factory=list)
     unschedulable: set[GangKey] = field(default_factory=set)
@@ -90,16 +92,18 @@ class Reconciler:
             self._mark_unschedulable(gang, fit=False)
             self.metrics.decisions.labels(outcome="error").inc()
             if plan.gated:
-                self.recorder.gang_unschedulable(gang, plan.gated[0], f"cannot allocate: {failure}",
+                self.recorder.gang_unschedulable(gang, plan.gated[0], f"cannot allocate: {bounded(failure)}",
                                                  reason=REASON_FAILED)  # fmt: skip
             return False
+        if plan.invalid:
+            self._report_invalid(plan)
         if plan.action == "idle":
             self._mark_unschedulable(gang, fit=True)
             self.recorder.forget(gang)
             self._unfit.pop(gang, None)
             return False
         if plan.action == "wait":
-            log.debug("gang waiting", extra={"gang": gang, "reason": plan.reason})
+            log.debug("gang waiting", extra={"gang": gang, "reason": bounded(plan.reason)})
             self.metrics.decisions.labels(outcome="waiting").inc()
             return False
         if plan.action == "release":
@@ -132,8 +136,26 @@ class Reconciler:
         with self._lock:
             return list(self.unschedulable)
 
-    def _assume(self, claim: dict[str, Any]) -> None:
-        self.cache.apply(Kind.CLAIM, "MODIFIED", claim)
+    def _assume(self, claim: dict[str, Any], event_type: str = "MODIFIED") -> None:
+        """Apply what we wrote (or just read) to the cache; when that frees devices, say so: the
+        watch event of our own write then changes nothing, so nobody else would."""
+        before = self.cache.get(Kind.CLAIM, str(object_key(claim)))
+        applied, _ = self.cache.apply(Kind.CLAIM, event_type, claim)
+        freed = event_type == "DELETED" or not (claim.get("status") or {}).get("allocation")
+        if applied and before is not None and (before.get("status") or {}).get("allocation") and freed:
+            self.capacity_freed()
+
+    def _report_invalid(self, plan: GangPlan) -> None:
+        """An Event on each object rejected when read, and one on the gang's first pod."""
+        for kind, obj, reason in plan.invalid:
+            self.recorder.object_rejected(kind.value, obj, reason)
+        first_kind, first_obj, first_reason = plan.invalid[0]
+        name = str(object_key(first_obj))
+        what = "ResourceClaim" if first_kind is Kind.CLAIM else "Pod"
+        self.recorder.gang_unschedulable(
+            plan.key, plan.gated[0], f"cannot allocate: {what} {name}: {first_reason}", reason=REASON_FAILED
+        )
+        self._mark_unschedulable(plan.key, fit=False)
 
     def _commit(self, plan: GangPlan, decision: Decision) -> None:
         """Finalizers, then allocations, then gates; on a failed claim write undo what we wrote."""
@@ -149,13 +171,30 @@ class Reconciler:
         except HaltWrites:
             raise
         except FractionalError as error:
-            log.warning("gang write failed, undoing", extra={"gang": plan.key, "error": str(error)})
+            log.warning("gang write failed, undoing", extra={"gang": plan.key, "error": bounded(error)})
             self._undo(written)
             if isinstance(error, ConflictError | NotFoundError):
                 self._refresh_claims([c for c, _ in decision.allocations])
             raise
+        gone = [str(object_key(c)) for _, c in written if self._deleted_meanwhile(Kind.CLAIM, c)]
+        gone += [str(object_key(p)) for p in plan.gated if self._deleted_meanwhile(Kind.POD, p)]
+        if gone:  # deleted while we placed the gang: it cannot complete, so nothing is ungated
+            log.info("deleted during placement, undoing", extra={"gang": plan.key, "object": gone[0]})
+            self._undo(written)
+            return
         nodes = {str(object_key(p)): node for p, node in decision.pod_nodes}
         self._ungate(plan, nodes)
+
+    def _deleted_meanwhile(self, kind: Kind, obj: dict[str, Any]) -> bool:
+        """The deletion mark as our write returned it, or as the watch has seen it since (a new
+        object under the same name counts as deleted too)."""
+        current = self.cache.get(kind, str(object_key(obj)))
+        return (
+            is_deleting(obj)
+            or current is None
+            or is_deleting(current)
+            or current["metadata"].get("uid") != obj["metadata"].get("uid")
+        )
 
     def _undo(self, written: list[tuple[dict[str, Any], dict[str, Any]]]) -> None:
         for _before, stored in reversed(written):
@@ -184,7 +223,7 @@ class Reconciler:
             try:
                 self._assume(self.writer.read_claim(meta["namespace"], meta["name"]))
             except NotFoundError:
-                self.cache.apply(Kind.CLAIM, "DELETED", claim)
+                self._assume(claim, "DELETED")
 
     def _ungate(self, plan: GangPlan, nodes: dict[str, str | None]) -> None:
         for pod in plan.gated:
@@ -296,11 +335,17 @@ class Reconciler:
         claim = self.cache.get(Kind.CLAIM, key)
         if claim is None or not has_finalizer(claim):
             return
+        if (reason := self.cache.rejection(Kind.CLAIM, key)) is not None:
+            # As read it was cut (too deep): writing it back would write the cut version. Say so once.
+            self.recorder.object_rejected(Kind.CLAIM.value, claim, reason)
+            return
         status = claim.get("status") or {}
         users = self.cache.claim_users(key)
         if is_deleting(claim) or (status.get("allocation") and not users):
             if status.get("reservedFor"):
                 return  # in use: the scheduler / claim controller must unreserve it first
+            if any((u.get("spec") or {}).get("nodeName") for u in users):
+                return  # a bound pod runs with it (reservedFor may lag): release when the pod ends
             log.info("releasing claim", extra={"claim": key, "deleting": is_deleting(claim)})
             self._release(claim)
             return

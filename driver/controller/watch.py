@@ -8,7 +8,6 @@ model classes keeps a busy watch cheap.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import threading
 from collections.abc import Callable, Iterator
@@ -19,6 +18,7 @@ from kubernetes import client
 from kubernetes.watch.watch import iter_resp_lines
 
 from driver.controller.cache import ClusterCache, Kind
+from driver.controller.decode import MAX_OBJECT_DEPTH, bounded, decode_json, format_field_path
 from driver.errors import FractionalError, TransientError
 from driver.kube import REQUEST_TIMEOUT_SECONDS, api_errors, new_api_client
 
@@ -28,6 +28,14 @@ log = logging.getLogger(__name__)
 
 EventHandler = Callable[[Kind, str, dict[str, Any], "dict[str, Any] | None"], None]
 LIST_PAGE_SIZE = 500
+
+
+_LIST_ITEM_DEPTH = 2  # {"items": [ <object> ]}
+_EVENT_OBJECT_DEPTH = 1  # {"type": ..., "object": <object>}
+
+
+def _too_deep(path: tuple[str | int, ...]) -> str:
+    return f"{format_field_path(path)}: nested deeper than {MAX_OBJECT_DEPTH} levels"
 
 
 class _Gone(Exception):
@@ -98,7 +106,7 @@ class Watcher(threading.Thread):
                     if self._stop_event.is_set():
                         break
                     log.warning(
-                        "watch failed, retrying", extra={"kind": self.kind.value, "error": str(error)}
+                        "watch failed, retrying", extra={"kind": self.kind.value, "error": bounded(error)}
                     )
                     self._stop_event.wait(self._backoff_seconds)
                 except (
@@ -114,6 +122,7 @@ class Watcher(threading.Thread):
 
     def _relist(self, list_function: Callable[..., Any]) -> str:
         items: list[dict[str, Any]] = []
+        rejected: dict[int, str] = {}
         continue_token: str | None = None
         while True:
             kwargs: dict[str, Any] = {"limit": LIST_PAGE_SIZE, "_preload_content": False}
@@ -121,14 +130,24 @@ class Watcher(threading.Thread):
                 kwargs["_continue"] = continue_token
             with api_errors(f"list {self.kind.value}"):
                 response = list_function(_request_timeout=REQUEST_TIMEOUT_SECONDS, **kwargs)
-            body = json.loads(response.data)
+            decoded = decode_json(response.data, max_depth=MAX_OBJECT_DEPTH + _LIST_ITEM_DEPTH)
+            body = decoded.value
+            for path in decoded.too_deep:
+                index = path[1] if len(path) > 2 and path[0] == "items" else None
+                if not isinstance(index, int):
+                    raise TransientError(
+                        f"list {self.kind.value}: {format_field_path(path)}: nested too deep"
+                    )
+                rejected[len(items) + index] = _too_deep(path[2:])
             items.extend(body.get("items") or ())
             metadata = body.get("metadata") or {}
             continue_token = metadata.get("continue")
             if not continue_token:
                 break
         self.relists += 1
-        for event_type, obj in self._cache.replace(self.kind, items):
+        if rejected:
+            log.warning("objects rejected", extra={"kind": self.kind.value, "count": len(rejected)})
+        for event_type, obj in self._cache.replace(self.kind, items, rejected):
             self._on_event(self.kind, event_type, obj, None)
         return str(metadata.get("resourceVersion") or "")
 
@@ -162,19 +181,28 @@ class Watcher(threading.Thread):
             if self._stop_event.is_set():
                 return resource_version
             for line in self._lines(response):
-                event = json.loads(line)
+                decoded = decode_json(line, max_depth=MAX_OBJECT_DEPTH + _EVENT_OBJECT_DEPTH)
+                event = decoded.value
                 event_type = event.get("type")
                 obj = event.get("object") or {}
+                rejected = None
+                if decoded.too_deep:
+                    path = decoded.too_deep[0]
+                    if path[0] != "object":
+                        raise TransientError(
+                            f"watch {self.kind.value}: {format_field_path(path)}: nested too deep"
+                        )
+                    rejected = _too_deep(path[1:])
                 if event_type == "ERROR":
                     if obj.get("code") == 410:
                         raise _Gone()
-                    raise TransientError(f"watch {self.kind.value}: {obj.get('message')}")
+                    raise TransientError(f"watch {self.kind.value}: {bounded(obj.get('message'))}")
                 new_version = (obj.get("metadata") or {}).get("resourceVersion")
                 if new_version:
                     resource_version = str(new_version)
                 if event_type == "BOOKMARK":
                     continue
-                applied, old = self._cache.apply(self.kind, str(event_type), obj)
+                applied, old = self._cache.apply(self.kind, str(event_type), obj, rejected=rejected)
                 if applied:
                     self._on_event(self.kind, str(event_type), obj, old)
         finally:

@@ -12,7 +12,6 @@ A 409 surfaces as ``ConflictError``; callers re-read and re-decide.
 from __future__ import annotations
 
 import copy
-import json
 import logging
 import threading
 from collections.abc import Callable
@@ -21,10 +20,12 @@ from typing import Any
 
 from kubernetes import client
 
+from driver.controller.decode import MAX_OBJECT_DEPTH, decode_json, format_field_path
 from driver.controller.objects import FINALIZER, GATE, object_key
+from driver.errors import FractionalError
 from driver.kube import REQUEST_TIMEOUT_SECONDS, api_errors
 
-__all__ = ["ApiWriter", "HaltWrites", "WriteHook", "WriteRecord"]
+__all__ = ["ApiWriter", "HaltWrites", "RejectedObjectError", "WriteHook", "WriteRecord"]
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +46,17 @@ class WriteRecord:
 WriteHook = Callable[[WriteRecord], None]
 
 
+class RejectedObjectError(FractionalError):
+    """The server answered with an object the bounded decoder had to cut (nested too deep)."""
+
+
 def _body(response: Any) -> dict[str, Any]:
-    result: dict[str, Any] = json.loads(response.data)
+    decoded = decode_json(response.data, max_depth=MAX_OBJECT_DEPTH)
+    if decoded.too_deep:
+        raise RejectedObjectError(
+            f"{format_field_path(decoded.too_deep[0])}: nested deeper than {MAX_OBJECT_DEPTH} levels"
+        )
+    result: dict[str, Any] = decoded.value
     return result
 
 

@@ -128,6 +128,18 @@ class Cluster:
     def create_claim(self, claim: dict[str, Any]) -> dict[str, Any]:
         return _body(self.resource.create_namespaced_resource_claim(NAMESPACE, claim, _preload_content=False))
 
+    def post_raw(self, path: str, text: str) -> tuple[int, bytes]:
+        """POST a JSON text as written (the client's own serializer recurses: no deep bodies) over
+        the client's own connection pool; returns (status, the answer undecoded: it may be deep)."""
+        response = self.api_client.rest_client.pool_manager.request(
+            "POST", self.server.url + path, body=text.encode(), headers={"Content-Type": "application/json"},
+            timeout=T,
+        )  # fmt: skip
+        return int(response.status), bytes(response.data)
+
+    def create_claim_text(self, text: str) -> tuple[int, bytes]:
+        return self.post_raw(f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaims", text)
+
     def create_pod(self, pod: dict[str, Any]) -> dict[str, Any]:
         return _body(self.core.create_namespaced_pod(NAMESPACE, pod, _preload_content=False))
 

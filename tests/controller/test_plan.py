@@ -71,3 +71,10 @@ def test_bad_claims_file_names_the_field(tmp_path: Path, content: str, field: st
     with pytest.raises(ConfigError) as raised:
         run_plan(PlanConfig(profile="l4-2x", claims=str(path)))
     assert f": {field}" in str(raised.value)
+
+
+def test_a_deeply_nested_claims_file_is_a_clear_error(tmp_path: Path) -> None:
+    claims = tmp_path / "deep.yaml"
+    claims.write_text("gangs: " + "[" * 3000 + "]" * 3000 + "\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match="nested too deeply"):
+        run_plan(PlanConfig(profile="h100-8x", claims=str(claims), output="json"))
