@@ -9,8 +9,17 @@ strategic-merge and JSON patches, the status subresource, delete with finalizers
 concurrency (a stale ``resourceVersion`` gets 409). Written objects are validated against the
 official JSON schemas (strict) plus the DRA server-side rules we depend on.
 
-Not emulated: authentication and authorization, admission, garbage collection, namespace
-finalization, pagination (``limit`` is ignored), server-side apply, protobuf, graceful pod deletion.
+Also, as kube-apiserver: OpenAPI v2/v3 documents (``emulator_openapi``), Table answers
+(``emulator_tables``), dry runs, ``fieldValidation``, server-side apply with managed fields
+(``emulator_apply``), protobuf request bodies (``emulator_protobuf``), namespace lifecycle
+(NamespaceLifecycle admission, ``Terminating``, ``/finalize``), pod update rules
+(``emulator_core_rules``), self-reviews and evictions. The controllers that act on objects
+(garbage collection, namespaces, claims from templates, Deployments, Jobs) are stand-ins beside it
+(``driver.cluster.controllers``), run by the demo.
+
+Not emulated: authentication and authorization (every request is the loopback admin), admission
+webhooks and policies, pagination (``limit`` is ignored), graceful pod deletion, protobuf answers
+(clients that send protobuf accept JSON back), watches as Tables.
 
 Threads: one named ``apiserver`` accept thread and one named thread per connection; a watch holds
 its connection's thread until it times out, its client goes away or ``stop()`` ends it.
@@ -29,8 +38,11 @@ from typing import Any
 import yaml
 from kubernetes import client
 
+from driver.cluster.emulator_apply import APPLY_PATCH, apply_configuration, parse_apply_body, record_update
+from driver.cluster.emulator_crd import CRD_RESOURCE, CustomResources, CustomResourceType
 from driver.cluster.emulator_http import Route, ThreadedHTTPServer
 from driver.cluster.emulator_patch import apply_patch
+from driver.cluster.emulator_policy import admit_pod_priority, check_eviction_budgets
 from driver.cluster.emulator_request import RequestOptions, parse_options
 from driver.cluster.emulator_selectors import build_matcher
 from driver.cluster.emulator_store import (
@@ -71,6 +83,8 @@ class _Fault:
 
 INITIAL_NAMESPACES = ("default", "kube-node-lease", "kube-public", "kube-system")
 _NAMESPACES = ResourceType("", "v1", "namespaces", "Namespace", namespaced=False, status_subresource=True)
+_PRIORITY_CLASSES = ResourceType("scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass", namespaced=False)
+_BUDGETS = ResourceType("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", namespaced=True)
 _REASONS = {
     400: "BadRequest", 401: "Unauthorized", 403: "Forbidden", 404: "NotFound", 409: "Conflict", 410: "Gone",
     422: "Invalid", 429: "TooManyRequests", 500: "InternalError", 503: "ServiceUnavailable", 504: "Timeout",
@@ -97,6 +111,7 @@ class APIServer:
         self._address = (host, port)
         self._store = Store(history_limit=history_limit)
         self._validator = ObjectValidator(disabled_features=frozenset(disabled_features))
+        self.custom_resources = CustomResources(self._store)  # kinds served through CRDs
         self._counts: Counter[tuple[str, str]] = Counter()
         self._faults: list[_Fault] = []
         self._hooks_lock = threading.Lock()
@@ -223,6 +238,8 @@ class APIServer:
         """Serve one request: (status code, body, warnings for ``Warning`` headers)."""
         options = parse_options(query)
         code, obj = self._dispatch(method, route, query, body, headers, options)
+        if route.rtype == CRD_RESOURCE and method != "GET":
+            self.custom_resources.sync()  # a CRD written: its kind served (or gone) before the answer
         return code, obj, options.warnings
 
     def _dispatch(
@@ -279,7 +296,12 @@ class APIServer:
             return 200, self._update(route, _require_object(body), options)
         if method == "PATCH":
             self._record("patch", route)
-            return 200, self._patch(route, body, headers.get("Content-Type", ""), options)
+            content_type = headers.get("Content-Type", "")
+            if content_type.startswith(APPLY_PATCH):
+                return self._apply(route, body, options)
+            if options.force:
+                raise _patch_options_invalid("force: Forbidden: may not be specified for non-apply patch")
+            return 200, self._patch(route, body, content_type, options)
         if method == "DELETE":
             self._record("delete", route)
             return 200, self._delete(route, body, options)
@@ -343,11 +365,63 @@ class APIServer:
         obj = {**obj, "metadata": metadata}
         if rtype.namespaced:
             self._check_namespace_open(rtype, route.namespace or "", metadata.get("name") or "")
+        if rtype.plural == "pods":  # the Priority admission plugin
+            obj = admit_pod_priority(obj, lambda: self._store.list_objects(_PRIORITY_CLASSES, None)[0])
         return self._store.create(
             rtype,
             obj,
-            lambda stamped: prepare_create(rtype, stamped, self._validate_for(options)),
+            lambda stamped: self._managed(
+                rtype, None, prepare_create(rtype, stamped, self._validate_for(options)), options
+            ),
             dry_run=options.dry_run,
+        )
+
+    @staticmethod
+    def _managed(rtype: ResourceType, old: Obj | None, new: Obj, options: RequestOptions) -> Obj:
+        """A write naming a ``fieldManager`` records the fields it changed under that manager."""
+        if options.field_manager is None or rtype.plural == "provisioningrequests":
+            return new
+        return record_update(rtype, old, new, manager=options.field_manager)
+
+    def _apply(self, route: Route, body: Any, options: RequestOptions) -> tuple[int, Obj]:
+        """Server-side apply: create when missing (201), else merge under the manager's ownership."""
+        rtype = route.rtype
+        if options.field_manager is None:
+            raise _patch_options_invalid("fieldManager: Required value: is required for apply patch")
+        if route.subresource or rtype.plural == "provisioningrequests":
+            raise StatusError(
+                code=415,
+                reason="UnsupportedMediaType",
+                message="the body of the request was in an unknown format - accepted media types include: "
+                "application/json-patch+json, application/merge-patch+json",
+            )
+        applied = parse_apply_body(body)
+        _check_type(rtype, applied)
+        manager, force = options.field_manager, options.force
+        try:
+            self._store.get(rtype, route.namespace or "", route.name or "")
+        except StatusError as error:
+            if error.code != 404:
+                raise
+            created = apply_configuration(rtype, None, applied, manager=manager, force=force)
+            created["metadata"] = {**created["metadata"], "name": route.name}
+            managed_fields = created["metadata"]["managedFields"]
+            tracked = RequestOptions(
+                dry_run=options.dry_run, field_validation=options.field_validation, warnings=options.warnings
+            )
+            obj = self._create(Route(rtype, route.namespace, None, None), created, tracked)
+            if obj["metadata"].get("managedFields") != managed_fields and not options.dry_run:
+                obj = self._store.update(rtype, route.namespace or "", route.name or "",
+                                         lambda current: {**current, "metadata": {**current["metadata"],
+                                                          "managedFields": managed_fields}})  # fmt: skip
+            return 201, obj
+
+        def compute(current: Obj) -> Obj:
+            merged = apply_configuration(rtype, current, applied, manager=manager, force=force)
+            return prepare_update(rtype, merged, current, self._validate_for(options))
+
+        return 200, self._store.update(
+            rtype, route.namespace or "", route.name or "", compute, dry_run=options.dry_run
         )
 
     def _check_namespace_open(self, rtype: ResourceType, namespace: str, name: str) -> None:
@@ -377,20 +451,26 @@ class APIServer:
             rtype,
             route.namespace or "",
             route.name or "",
-            lambda current: prepare(rtype, body, current, self._validate_for(options)),
+            lambda current: self._managed(
+                rtype, current, prepare(rtype, body, current, self._validate_for(options)), options
+            ),
             dry_run=options.dry_run,
         )
 
     def _patch(self, route: Route, body: Any, content_type: str, options: RequestOptions) -> Obj:
         rtype = route.rtype
         prepare = prepare_status_update if route.subresource == "status" else prepare_update
-        strategic_allowed = rtype.group != "autoscaling.x-k8s.io"  # custom resources take no strategic patch
+        strategic_allowed = rtype.group != "autoscaling.x-k8s.io" and not isinstance(
+            rtype, CustomResourceType
+        )  # custom resources take no strategic patch
 
         def compute(current: Obj) -> Obj:
             patched = apply_patch(content_type, current, body, strategic_allowed=strategic_allowed)
             if not isinstance(patched, dict) or not isinstance(patched.get("metadata", {}), dict):
                 raise StatusError(code=422, reason="Invalid", message="patch did not produce an object")
-            return prepare(rtype, patched, current, self._validate_for(options))
+            return self._managed(
+                rtype, current, prepare(rtype, patched, current, self._validate_for(options)), options
+            )
 
         return self._store.update(
             rtype, route.namespace or "", route.name or "", compute, dry_run=options.dry_run
@@ -451,11 +531,17 @@ class APIServer:
         return _success_status(rtype, obj)
 
     def _evict(self, route: Route, eviction: Obj, options: RequestOptions) -> Obj:
-        """``pods/eviction`` (policy/v1 Eviction): no PodDisruptionBudget is served, so the pod is
-        deleted, as the eviction REST does when no budget covers it."""
+        """``pods/eviction`` (policy/v1 Eviction): the pod is deleted unless a PodDisruptionBudget
+        covering it allows no disruption now (429, ``emulator_policy``)."""
         delete_options = eviction.get("deleteOptions") or {}
         if delete_options.get("dryRun") == ["All"]:
             options.dry_run = True
+        namespace = route.namespace or ""
+        check_eviction_budgets(
+            self._store.get(route.rtype, namespace, route.name or ""),
+            self._store.list_objects(_BUDGETS, namespace)[0],
+            self._store.list_objects(route.rtype, namespace)[0],
+        )
         self._delete(route, delete_options, options)
         return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
 
@@ -555,6 +641,10 @@ def _review(rtype: ResourceType, review: Obj) -> Obj:
             "reason": "the emulator authorizes every request (loopback admin)",
         }
     return answer
+
+
+def _patch_options_invalid(cause: str) -> StatusError:
+    return StatusError(code=422, reason="Invalid", message=f'PatchOptions.meta.k8s.io "" is invalid: {cause}')
 
 
 def _method_not_allowed(method: str) -> StatusError:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import logging
 import queue
 import socket
@@ -16,11 +17,11 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 
-from driver.cluster import emulator_json
 from driver.cluster.emulator_openapi import openapi_document
 from driver.cluster.emulator_protobuf import PROTOBUF, decode_protobuf
 from driver.cluster.emulator_store import ResourceType, StatusError, Watcher, WatchEvent
-from driver.cluster.emulator_strategy import RESOURCE_TYPES, find_resource_type
+from driver.cluster.emulator_strategy import RESOURCE_TYPES
+from driver.cluster.emulator_strategy import find_resource_type as find_builtin_type
 
 __all__ = ["Backend", "Route", "ThreadedHTTPServer", "discovery_document", "parse_route"]
 
@@ -70,6 +71,14 @@ class Route:
         return f"{self.rtype.plural}/{self.subresource}" if self.subresource else self.rtype.plural
 
 
+class CustomLookup(Protocol):
+    """The kinds CustomResourceDefinitions add (``emulator_crd.CustomResources``)."""
+
+    def find(self, group: str, version: str, plural: str) -> ResourceType | None: ...
+
+    def types(self) -> tuple[ResourceType, ...]: ...
+
+
 class Backend(Protocol):
     @property
     def stopping(self) -> bool: ...
@@ -91,8 +100,14 @@ def _not_found_path() -> StatusError:
     )
 
 
-def parse_route(path: str) -> Route | None:
-    """``/api/v1/...`` or ``/apis/<group>/<version>/...`` into a route; None for anything else."""
+def parse_route(path: str, custom: CustomLookup | None = None) -> Route | None:
+    """``/api/v1/...`` or ``/apis/<group>/<version>/...`` into a route; None for anything else.
+    ``custom``: the kinds served through CustomResourceDefinitions, besides the built-in ones."""
+
+    def find_resource_type(group: str, version: str, plural: str) -> ResourceType | None:
+        found = find_builtin_type(group, version, plural)
+        return found if found is not None or custom is None else custom.find(group, version, plural)
+
     parts = [urllib.parse.unquote(part) for part in path.split("/") if part]
     if len(parts) >= 3 and parts[0] == "api":
         group, version, rest = "", parts[1], parts[2:]
@@ -119,8 +134,8 @@ def parse_route(path: str) -> Route | None:
     return Route(rtype, namespace, name, subresource)
 
 
-def _resource_list(group: str, version: str) -> Obj | None:
-    types = [rtype for rtype in RESOURCE_TYPES if rtype.group == group and rtype.version == version]
+def _resource_list(group: str, version: str, served: tuple[ResourceType, ...] = RESOURCE_TYPES) -> Obj | None:
+    types = [rtype for rtype in served if rtype.group == group and rtype.version == version]
     if not types:
         return None
     resources: list[Obj] = []
@@ -129,10 +144,14 @@ def _resource_list(group: str, version: str) -> Obj | None:
             "name": rtype.plural, "singularName": rtype.kind.lower(), "namespaced": rtype.namespaced,
             "kind": rtype.kind, "verbs": ["create"] if rtype.create_only else _VERBS,
         }  # fmt: skip
-        if (short_names := _SHORT_NAMES.get((rtype.group, rtype.plural))) is not None:
+        short_names = _SHORT_NAMES.get((rtype.group, rtype.plural), list(getattr(rtype, "short_names", ())))
+        if short_names:
             entry["shortNames"] = short_names
-        if (categories := _CATEGORIES.get((rtype.group, rtype.plural))) is not None:
+        categories = _CATEGORIES.get((rtype.group, rtype.plural), list(getattr(rtype, "categories", ())))
+        if categories:
             entry["categories"] = categories
+        if getattr(rtype, "singular", ""):  # a custom kind: the singular its CRD names
+            entry["singularName"] = rtype.singular  # type: ignore[attr-defined]
         resources.append(entry)
         if rtype.plural == "pods" and not rtype.group:
             for sub, sub_kind, sub_group, sub_version in (
@@ -159,34 +178,36 @@ def _resource_list(group: str, version: str) -> Obj | None:
             "resources": resources}  # fmt: skip
 
 
-def _group(group: str) -> Obj:
-    versions = sorted({rtype.version for rtype in RESOURCE_TYPES if rtype.group == group})
+def _group(group: str, served: tuple[ResourceType, ...] = RESOURCE_TYPES) -> Obj:
+    versions = sorted({rtype.version for rtype in served if rtype.group == group})
     entries = [{"groupVersion": f"{group}/{version}", "version": version} for version in versions]
     return {"kind": "APIGroup", "apiVersion": "v1", "name": group, "versions": entries,
             "preferredVersion": entries[0]}  # fmt: skip
 
 
-def discovery_document(path: str) -> Obj | None:
-    """``/version``, ``/api``, ``/apis`` and the per-version resource lists; None for other paths."""
+def discovery_document(path: str, custom: tuple[ResourceType, ...] = ()) -> Obj | None:
+    """``/version``, ``/api``, ``/apis`` and the per-version resource lists; None for other paths.
+    ``custom``: the kinds served through CustomResourceDefinitions."""
     parts = [part for part in path.split("/") if part]
+    served = (*RESOURCE_TYPES, *custom)
     if parts == ["version"]:
         return dict(_VERSION)
     if parts == ["api"]:
         return {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []}
     if parts == ["apis"]:
-        groups = sorted({rtype.group for rtype in RESOURCE_TYPES if rtype.group})
-        return {"kind": "APIGroupList", "apiVersion": "v1", "groups": [_group(group) for group in groups]}
+        groups = sorted({rtype.group for rtype in served if rtype.group})
+        return {"kind": "APIGroupList", "apiVersion": "v1", "groups": [_group(group, served) for group in groups]}
     if len(parts) == 2 and parts[0] == "api":
         return _resource_list("", parts[1])
-    if len(parts) == 2 and parts[0] == "apis" and any(rtype.group == parts[1] for rtype in RESOURCE_TYPES):
-        return _group(parts[1])
+    if len(parts) == 2 and parts[0] == "apis" and any(rtype.group == parts[1] for rtype in served):
+        return _group(parts[1], served)
     if len(parts) == 3 and parts[0] == "apis":
-        return _resource_list(parts[1], parts[2])
+        return _resource_list(parts[1], parts[2], served)
     return None
 
 
 def _encode(obj: Any) -> bytes:
-    return emulator_json.dumps(obj).encode()
+    return json.dumps(obj, separators=(",", ":")).encode()
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -227,7 +248,7 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             raw = b""
         try:
-            body = emulator_json.loads(raw) if raw else None  # as deep as kube-apiserver allows
+            body = json.loads(raw) if raw else None
         except ValueError as error:
             self._send_json(
                 400, StatusError(code=400, reason="BadRequest", message=f"invalid JSON: {error}").to_status()
@@ -248,11 +269,12 @@ class _Handler(BaseHTTPRequestHandler):
             if method == "GET" and (encoded := openapi_document(url.path)) is not None:
                 self._send_bytes(200, encoded)
                 return
-            document = discovery_document(url.path) if method == "GET" else None
+            custom: CustomLookup | None = getattr(backend, "custom_resources", None)
+            document = discovery_document(url.path, custom.types() if custom else ()) if method == "GET" else None
             if document is not None:
                 self._send_json(200, document)
                 return
-            route = parse_route(url.path)
+            route = parse_route(url.path, custom)
             if route is None:
                 raise _not_found_path()
             if method == "GET" and route.name is None and query.get("watch") in ("true", "1"):

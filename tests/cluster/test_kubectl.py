@@ -582,3 +582,76 @@ def test_drain_evicts_the_pods_of_a_node(kubectl: Kubectl) -> None:
     assert "pod/lonely evicted" in result.stdout
     assert kubectl.json("get", "node", node)["spec"]["unschedulable"] is True
     assert kubectl.json("get", "pods", "-n", namespace)["items"] == []
+
+
+# server-side apply ------------------------------------------------------------------------------------
+
+
+def _apply_server_side(
+    kubectl: Kubectl, manifest: dict[str, Any], *args: str
+) -> subprocess.CompletedProcess[str]:
+    return kubectl.run(
+        "apply", "--server-side", "-f", "-", *args, stdin=yaml.safe_dump(manifest), check=False
+    )
+
+
+def test_server_side_apply_creates_updates_and_reports_conflicts(kubectl: Kubectl) -> None:
+    namespace = _namespace(kubectl, "ssa")
+    manifest = _config_map("shared", namespace, a="1", b="2")
+    created = _apply_server_side(kubectl, manifest, "--field-manager=alice")
+    assert created.stdout.strip() == "configmap/shared serverside-applied", created.stderr
+    live = kubectl.json("get", "configmap", "shared", "-n", namespace, "--show-managed-fields")
+    (entry,) = live["metadata"]["managedFields"]
+    assert (entry["manager"], entry["operation"]) == ("alice", "Apply")
+    assert entry["fieldsV1"] == {"f:data": {"f:a": {}, "f:b": {}}}
+
+    # the same manager drops b and changes a: b goes, a changes, no conflict
+    manifest["data"] = {"a": "10"}
+    assert _apply_server_side(kubectl, manifest, "--field-manager=alice").returncode == 0
+    assert kubectl.json("get", "configmap", "shared", "-n", namespace)["data"] == {"a": "10"}
+
+    # another manager applying a different value for a: 409 naming the field and the owner
+    rival = _config_map("shared", namespace, a="99")
+    conflict = _apply_server_side(kubectl, rival, "--field-manager=bob")
+    assert conflict.returncode == 1
+    assert 'Apply failed with 1 conflict: conflict with "alice": .data.a' in conflict.stderr
+    assert kubectl.json("get", "configmap", "shared", "-n", namespace)["data"] == {"a": "10"}
+
+    # the same value is shared ownership, not a conflict
+    assert (
+        _apply_server_side(
+            kubectl, _config_map("shared", namespace, a="10"), "--field-manager=carol"
+        ).returncode
+        == 0
+    )
+
+    # --force-conflicts takes the field over
+    forced = _apply_server_side(kubectl, rival, "--field-manager=bob", "--force-conflicts")
+    assert forced.returncode == 0, forced.stderr
+    live = kubectl.json("get", "configmap", "shared", "-n", namespace, "--show-managed-fields")
+    assert live["data"] == {"a": "99"}
+    owners = {e["manager"]: e["fieldsV1"] for e in live["metadata"]["managedFields"]}
+    assert owners["bob"] == {"f:data": {"f:a": {}}}
+    assert "alice" not in owners and "carol" not in owners
+
+
+def test_server_side_apply_merges_lists_by_their_keys(kubectl: Kubectl) -> None:
+    namespace = _namespace(kubectl, "ssa-lists")
+    pod = _gated_pod(namespace, "example.com/a", "example.com/b")
+    pod["metadata"]["name"] = "merged"
+    assert _apply_server_side(kubectl, pod, "--field-manager=owner").returncode == 0
+    labels = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "merged", "namespace": namespace,
+              "labels": {"team": "x"}}}  # fmt: skip
+    assert _apply_server_side(kubectl, labels, "--field-manager=labeller").returncode == 0
+    live = kubectl.json("get", "pod", "merged", "-n", namespace, "--show-managed-fields")
+    assert live["metadata"]["labels"] == {"team": "x"}
+    assert [g["name"] for g in live["spec"]["schedulingGates"]] == ["example.com/a", "example.com/b"]
+    owner = next(e for e in live["metadata"]["managedFields"] if e["manager"] == "owner")
+    gates = owner["fieldsV1"]["f:spec"]["f:schedulingGates"]
+    assert set(gates) == {'k:{"name":"example.com/a"}', 'k:{"name":"example.com/b"}'}
+    # the owner applies one gate fewer: that gate goes (it may; removing gates is allowed)
+    pod["spec"]["schedulingGates"] = [{"name": "example.com/a"}]
+    assert _apply_server_side(kubectl, pod, "--field-manager=owner").returncode == 0
+    live = kubectl.json("get", "pod", "merged", "-n", namespace)
+    assert [g["name"] for g in live["spec"]["schedulingGates"]] == ["example.com/a"]
+    assert live["metadata"]["labels"] == {"team": "x"}
