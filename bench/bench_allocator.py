@@ -12,6 +12,14 @@ Workloads (all published here, seeded):
   in two shapes: "fit" (demand about 70 % of memory: fewer GPUs touched is better) and "overflow"
   (demand about 130 %: more memory placed is better), over seeds 1..SEEDS; plus the 500-node fill, compared
   against a volume bound.
+- shares by family (issue 15), in steps of 5 GiB / 5 %: memory-bound (5-40 GiB, 0-10 %),
+  compute-bound (5-40 GiB, 5-50 %), mixed (half 20-40 GiB / 0-10 %, half 5-15 GiB / 20-50 %); traces
+  of 70. Online, one share at a time, first-fit against best-fit: requests placed on one node of
+  8 x 80 GiB before the first refusal, and GPUs touched placing all 70 on 9 nodes; summed over seeds
+  1..100 per family, and on the compute-bound seeds 1..3 against the MILP optimum (scipy milp, 5 s per
+  model; an unproven optimum is shown with the solver's bound).
+- bursts: each family's trace of 70 decided together with allocate_many (best-fit) on 9 nodes: GPUs
+  used against the MILP optimum and against one by one in arrival order, seeds 1..3.
 - gangs: infeasible gangs on the filled clusters; time from allocate() to None.
 """
 
@@ -22,11 +30,13 @@ import random
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
+from scipy.sparse import lil_matrix
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -447,6 +457,269 @@ def packing(seeds: int) -> list[dict[str, Any]]:
     return rows
 
 
+# ---------------------------------------------------------------- trace families, bursts, MILP optimum
+
+FAMILIES = ("memory-bound", "compute-bound", "mixed")
+TRACE_LENGTH = 70
+PREFIX_GPUS = 8  # one node of 8 x 80 GiB: requests placed before the first refusal
+ALL_NODES = 9  # 72 GPUs: room to place every request of a trace of 70
+
+
+MILP_SECONDS = 5  # per model; an unproven answer is reported with its bound
+
+
+@dataclass(frozen=True)
+class Optimum:
+    """A MILP answer: the best solution found, the solver's bound on the optimum, proven or not."""
+
+    value: int
+    bound: int
+    proven: bool
+
+
+def family_trace(family: str, seed: int, length: int = TRACE_LENGTH) -> list[tuple[int, int]]:
+    """(memory GiB, compute %) shares in steps of 5, as people ask for them.
+
+    memory-bound: 5-40 GiB, 0-10 %; compute-bound (issue 15): 5-40 GiB, 5-50 %; mixed: half
+    memory-heavy (20-40 GiB, 0-10 %), half compute-heavy (5-15 GiB, 20-50 %).
+    """
+    rng = random.Random(f"{family}-{seed}")
+    items = []
+    for _ in range(length):
+        if family == "memory-bound":
+            items.append((5 * rng.randint(1, 8), 5 * rng.randint(0, 2)))
+        elif family == "compute-bound":
+            items.append((5 * rng.randint(1, 8), 5 * rng.randint(1, 10)))
+        elif rng.random() < 0.5:
+            items.append((5 * rng.randint(4, 8), 5 * rng.randint(0, 2)))
+        else:
+            items.append((5 * rng.randint(1, 3), 5 * rng.randint(4, 10)))
+    return items
+
+
+def online_prefix(items: list[tuple[int, int]], policy: str) -> int:
+    """Requests placed, in order, on one node of 8 GPUs before the first refusal."""
+    state = build_state(1, PREFIX_GPUS)
+    rng = random.Random(0)
+    for index, (memory, compute) in enumerate(items):
+        raw = share_claim(f"p{index}", memory, compute)
+        allocation = state.allocate([raw], policy=policy, rng=rng)
+        if allocation is None:
+            return index
+        state.assume([{**raw, "status": {"allocation": allocation[0]}}])
+    return len(items)
+
+
+def online_all(items: list[tuple[int, int]], policy: str) -> int:
+    """GPUs touched placing every request, in order, one at a time (cluster mode, 9 nodes x 8)."""
+    state = build_state(ALL_NODES)
+    rng = random.Random(0)
+    for index, (memory, compute) in enumerate(items):
+        raw = share_claim(f"a{index}", memory, compute)
+        allocation = state.allocate([raw], policy=policy, rng=rng)
+        assert allocation is not None, "72 GPUs hold any 70 shares"
+        state.assume([{**raw, "status": {"allocation": allocation[0]}}])
+    return usage(state)[0]
+
+
+def burst(items: list[tuple[int, int]], policy: str) -> tuple[int, int, float]:
+    """(groups placed, GPUs touched, seconds in allocate_many) deciding every request together."""
+    state = build_state(ALL_NODES)
+    groups = [[share_claim(f"b{i}", memory, compute)] for i, (memory, compute) in enumerate(items)]
+    started = time.perf_counter()
+    results = state.allocate_many(groups, policy=policy, rng=random.Random(0))
+    seconds = time.perf_counter() - started
+    for group, result in zip(groups, results, strict=True):
+        if result is not None:
+            state.assume([{**group[0], "status": {"allocation": result[0]}}])
+    return sum(r is not None for r in results), usage(state)[0], seconds
+
+
+def _assignment_rows(
+    items: list[tuple[int, int]], gpus: int, width: int
+) -> tuple[lil_matrix, list[float], list[float], int]:
+    """Rows shared by both MILPs over x[i, g] (item i on GPU g, index i * gpus + g): per-GPU memory
+    and compute within capacity, times ``open_g`` when the model has GPU columns after the x's."""
+    matrix = lil_matrix((2 * gpus + len(items) * (gpus + 2) + gpus, width))
+    lows: list[float] = []
+    highs: list[float] = []
+    row = 0
+    for g in range(gpus):
+        for dimension, limit in ((0, GPU_GI), (1, 100)):
+            for i, item in enumerate(items):
+                matrix[row, i * gpus + g] = item[dimension]
+            lows.append(-np.inf)
+            highs.append(limit)
+            row += 1
+    return matrix, lows, highs, row
+
+
+def optimum_prefix(items: list[tuple[int, int]], gpus: int = PREFIX_GPUS) -> Optimum:
+    """Longest prefix of ``items`` that fits on ``gpus`` GPUs (MILP: y[i] = item i placed, y
+    non-increasing, maximise the sum)."""
+    n = len(items)
+    nx = n * gpus
+    matrix, lows, highs, row = _assignment_rows(items, gpus, nx + n)
+    for i in range(n):  # placed items sit on exactly one GPU
+        for g in range(gpus):
+            matrix[row, i * gpus + g] = 1
+        matrix[row, nx + i] = -1
+        lows.append(0)
+        highs.append(0)
+        row += 1
+    for i in range(n - 1):  # a prefix: y[i] >= y[i + 1]
+        matrix[row, nx + i], matrix[row, nx + i + 1] = 1, -1
+        lows.append(0)
+        highs.append(np.inf)
+        row += 1
+    upper = np.ones(nx + n)
+    for i in range(n):  # symmetry: item i only on GPUs 0..i
+        upper[i * gpus + i + 1 : (i + 1) * gpus] = 0
+    cost = np.zeros(nx + n)
+    cost[nx:] = -1
+    result = milp(
+        cost, constraints=LinearConstraint(matrix[:row].tocsr(), lows, highs), integrality=np.ones(nx + n),
+        bounds=Bounds(0, upper), options={"time_limit": MILP_SECONDS},
+    )  # fmt: skip
+    if result.x is None:
+        return Optimum(0, n, False)
+    bound = int(np.floor(-result.mip_dual_bound + 1e-6))
+    return Optimum(round(-result.fun), bound, result.status == 0)
+
+
+def optimum_gpus(items: list[tuple[int, int]], at_most: int) -> Optimum:
+    """Fewest GPUs holding every item (MILP; ``at_most`` GPUs offered, a known feasible count)."""
+    n = len(items)
+    gpus = at_most
+    nx = n * gpus
+    matrix, lows, highs, row = _assignment_rows(items, gpus, nx + gpus)
+    for g in range(gpus):  # capacity only on an open GPU
+        matrix[row - 2 * gpus + 2 * g, nx + g] = -GPU_GI
+        matrix[row - 2 * gpus + 2 * g + 1, nx + g] = -100
+        highs[2 * g] = highs[2 * g + 1] = 0
+    for i in range(n):
+        for g in range(gpus):
+            matrix[row, i * gpus + g] = 1
+        lows.append(1)
+        highs.append(1)
+        row += 1
+        for g in range(min(i + 1, gpus)):  # x[i, g] <= open[g] (a tighter relaxation)
+            matrix[row, i * gpus + g], matrix[row, nx + g] = 1, -1
+            lows.append(-np.inf)
+            highs.append(0)
+            row += 1
+    for g in range(gpus - 1):  # GPUs open in order
+        matrix[row, nx + g], matrix[row, nx + g + 1] = 1, -1
+        lows.append(0)
+        highs.append(np.inf)
+        row += 1
+    upper = np.ones(nx + gpus)
+    lower = np.zeros(nx + gpus)
+    for i in range(n):
+        upper[i * gpus + i + 1 : (i + 1) * gpus] = 0
+    volume = max(sum(m for m, _ in items) / GPU_GI, sum(c for _, c in items) / 100)
+    lower[nx : nx + min(gpus, int(np.ceil(volume - 1e-9)))] = 1  # the volume bound
+    cost = np.zeros(nx + gpus)
+    cost[nx:] = 1
+    result = milp(
+        cost, constraints=LinearConstraint(matrix[:row].tocsr(), lows, highs), integrality=np.ones(nx + gpus),
+        bounds=Bounds(lower, upper), options={"time_limit": MILP_SECONDS},
+    )  # fmt: skip
+    if result.x is None:
+        return Optimum(at_most, int(np.ceil(volume - 1e-9)), False)
+    bound = int(np.ceil(result.mip_dual_bound - 1e-6))
+    return Optimum(round(result.fun), bound, result.status == 0)
+
+
+def online_families(seeds: int) -> list[dict[str, Any]]:
+    """First-fit against best-fit, one share at a time, on each family, summed over seeds 1..seeds."""
+    rows = []
+    for family in FAMILIES:
+        totals = {(m, p): 0 for m in ("prefix", "gpus") for p in ("first-fit", "best-fit")}
+        for seed in range(1, seeds + 1):
+            items = family_trace(family, seed)
+            for policy in ("first-fit", "best-fit"):
+                totals[("prefix", policy)] += online_prefix(items, policy)
+                totals[("gpus", policy)] += online_all(items, policy)
+        for measure, key in ((PREFIX_MEASURE, "prefix"), (GPUS_MEASURE, "gpus")):
+            first, best = totals[(key, "first-fit")], totals[(key, "best-fit")]
+            rows.append({
+                "benchmark": f"online packing, {family}, seeds 1..{seeds} x {TRACE_LENGTH} shares, summed",
+                "measure": measure, "first_fit": first, "best_fit": best,
+                "best_fit_vs_first_fit": best / first if key == "prefix" else first / best,
+            })  # fmt: skip
+    return rows
+
+
+PREFIX_MEASURE = "requests placed before the first refusal (8 x 80 GiB), higher better"
+GPUS_MEASURE = "GPUs used to place all requests, lower better"
+
+
+def against_optimum(seeds: int, optima: dict[tuple[str, int], Optimum]) -> list[dict[str, Any]]:
+    """Issue 15's table: the compute-bound traces online, first-fit and best-fit, against the MILP
+    optimum (seeds 1..seeds, summed). ``optima`` caches the fewest-GPUs answers for ``bursts``."""
+    family = "compute-bound"
+    sums: dict[str, dict[str, int]] = {"prefix": {}, "gpus": {}}
+    proven = True
+    for seed in range(1, seeds + 1):
+        items = family_trace(family, seed)
+        for policy in ("first-fit", "best-fit"):
+            sums["prefix"][policy] = sums["prefix"].get(policy, 0) + online_prefix(items, policy)
+            sums["gpus"][policy] = sums["gpus"].get(policy, 0) + online_all(items, policy)
+        prefix = optimum_prefix(items)
+        gpus = optimum_gpus(items, at_most=online_all(items, "first-fit"))
+        optima[(family, seed)] = gpus
+        for key, found in (("prefix", prefix), ("gpus", gpus)):
+            sums[key]["optimum"] = sums[key].get("optimum", 0) + found.value
+            sums[key]["bound"] = sums[key].get("bound", 0) + found.bound
+            proven = proven and found.proven
+    rows = []
+    for measure, key in ((PREFIX_MEASURE, "prefix"), (GPUS_MEASURE, "gpus")):
+        values = sums[key]
+        best, optimum = values["best-fit"], values["optimum"]
+        rows.append({
+            "benchmark": f"online packing vs optimum, {family} (5-40 GiB, 5-50 %), seeds 1..{seeds} x "
+                         f"{TRACE_LENGTH} shares, summed",
+            "measure": measure, "first_fit": values["first-fit"], "best_fit": best, "optimum": optimum,
+            "optimum_bound": values["bound"], "optimum_proven": proven,
+            "best_fit_vs_optimum": best / optimum if key == "prefix" else optimum / best,
+            "best_fit_vs_bound": best / values["bound"] if key == "prefix" else values["bound"] / best,
+        })  # fmt: skip
+    return rows
+
+
+def bursts(seeds: int, optima: dict[tuple[str, int], Optimum]) -> list[dict[str, Any]]:
+    """Each family's trace of 70 decided together (allocate_many, best-fit) against the fewest GPUs
+    that hold it (MILP; the bound too where the solver ran out of time) and against placing it one by
+    one in arrival order."""
+    rows = []
+    for family in FAMILIES:
+        used = one_by_one = placed = optimum = bound = 0
+        seconds = 0.0
+        proven = True
+        for seed in range(1, seeds + 1):
+            items = family_trace(family, seed)
+            count, gpus, elapsed = burst(items, "best-fit")
+            seconds += elapsed
+            placed += count
+            used += gpus
+            arrival = online_all(items, "best-fit")
+            one_by_one += arrival
+            found = optima.get((family, seed)) or optimum_gpus(items, at_most=max(gpus, arrival))
+            optimum += found.value
+            bound += found.bound
+            proven = proven and found.proven
+        rows.append({
+            "benchmark": f"burst of {TRACE_LENGTH} {family} shares decided together (allocate_many), "
+                         f"seeds 1..{seeds}, summed",
+            "measure": "GPUs used, lower better", "groups_placed": placed, "allocate_many": used,
+            "one_by_one_best_fit": one_by_one, "optimum": optimum, "optimum_bound": bound,
+            "optimum_proven": proven, "vs_optimum": used / optimum, "vs_bound": used / bound,
+            "groups_per_s": placed / seconds,
+        })  # fmt: skip
+    return rows
+
+
 # ---------------------------------------------------------------- gangs
 
 
@@ -500,6 +773,7 @@ def main() -> None:
     parser.add_argument("--fill-500", type=float, default=0.9)
     parser.add_argument("--fill-5000", type=float, default=0.05)
     parser.add_argument("--packing-seeds", type=int, default=5)
+    parser.add_argument("--family-seeds", type=int, default=100)
     args = parser.parse_args()
     small, large = (50, 500) if args.quick else (500, 5000)
     rows: list[dict[str, Any]] = []
@@ -536,6 +810,10 @@ def main() -> None:
     rows.extend(spread_vs_pack(50 if not args.quick else 10, 0.3, args.seed))
     rows.extend(churn(50 if not args.quick else 10, 0.65, 3000 if not args.quick else 300, args.seed))
     rows.extend(packing(args.packing_seeds if not args.quick else 2))
+    optima: dict[tuple[str, int], Optimum] = {}
+    rows.extend(against_optimum(1 if args.quick else 3, optima))
+    rows.extend(online_families(3 if args.quick else args.family_seeds))
+    rows.extend(bursts(1 if args.quick else 3, optima))
     rows.extend(gang_rejections(results[(small, "best-fit")]["state"], f"{small} nodes filled"))
     rows.extend(gang_rejections(results[(large, "best-fit")]["state"], f"{large} nodes"))
     path = write_result("allocator", rows, title="Allocator: throughput, packing, gangs", notes=__doc__ or "")
