@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import json
 import logging
 import queue
 import socket
@@ -17,6 +16,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 
+from driver.cluster import emulator_json
 from driver.cluster.emulator_openapi import openapi_document
 from driver.cluster.emulator_protobuf import PROTOBUF, decode_protobuf
 from driver.cluster.emulator_store import ResourceType, StatusError, Watcher, WatchEvent
@@ -207,7 +207,7 @@ def discovery_document(path: str, custom: tuple[ResourceType, ...] = ()) -> Obj 
 
 
 def _encode(obj: Any) -> bytes:
-    return json.dumps(obj, separators=(",", ":")).encode()
+    return emulator_json.dumps(obj).encode()
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -248,7 +248,7 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             raw = b""
         try:
-            body = json.loads(raw) if raw else None
+            body = emulator_json.loads(raw) if raw else None  # as deep as kube-apiserver allows
         except ValueError as error:
             self._send_json(
                 400, StatusError(code=400, reason="BadRequest", message=f"invalid JSON: {error}").to_status()
