@@ -74,6 +74,9 @@ RESOURCE_TYPES: tuple[ResourceType, ...] = (
                  field_labels=frozenset({"status.successful"})),
     ResourceType("autoscaling", "v2", "horizontalpodautoscalers", "HorizontalPodAutoscaler", namespaced=True,
                  status_subresource=True),
+    ResourceType("scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass", namespaced=False),
+    ResourceType("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", namespaced=True,
+                 status_subresource=True),
     ResourceType("authorization.k8s.io", "v1", "selfsubjectaccessreviews", "SelfSubjectAccessReview",
                  namespaced=False, create_only=True),
     ResourceType("authentication.k8s.io", "v1", "selfsubjectreviews", "SelfSubjectReview", namespaced=False,
@@ -90,6 +93,7 @@ _STATUS_RESET_ON_CREATE = frozenset(
         "replicasets",
         "jobs",
         "horizontalpodautoscalers",
+        "poddisruptionbudgets",
     }
 )
 RESERVED_FINALIZER = "resource.kubernetes.io/delete-protection"
