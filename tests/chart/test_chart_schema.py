@@ -72,7 +72,7 @@ def _value_paths(values: dict[str, Any], prefix: str = "") -> set[str]:
 
 
 _MAPS = {"agent.resources.requests", "agent.resources.limits", "controller.resources.requests"}
-_MAPS |= {"controller.resources.limits"}
+_MAPS |= {"controller.resources.limits", "metrics.dashboard.labels"}
 
 
 def test_every_default_value_is_declared() -> None:
