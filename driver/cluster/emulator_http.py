@@ -196,7 +196,8 @@ def discovery_document(path: str, custom: tuple[ResourceType, ...] = ()) -> Obj 
         return {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []}
     if parts == ["apis"]:
         groups = sorted({rtype.group for rtype in served if rtype.group})
-        return {"kind": "APIGroupList", "apiVersion": "v1", "groups": [_group(group, served) for group in groups]}
+        listed = [_group(group, served) for group in groups]
+        return {"kind": "APIGroupList", "apiVersion": "v1", "groups": listed}
     if len(parts) == 2 and parts[0] == "api":
         return _resource_list("", parts[1])
     if len(parts) == 2 and parts[0] == "apis" and any(rtype.group == parts[1] for rtype in served):
@@ -270,7 +271,8 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send_bytes(200, encoded)
                 return
             custom: CustomLookup | None = getattr(backend, "custom_resources", None)
-            document = discovery_document(url.path, custom.types() if custom else ()) if method == "GET" else None
+            served = custom.types() if custom else ()
+            document = discovery_document(url.path, served) if method == "GET" else None
             if document is not None:
                 self._send_json(200, document)
                 return

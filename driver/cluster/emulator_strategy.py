@@ -148,7 +148,7 @@ def _check_reserved_finalizer(rtype: ResourceType, obj: Obj, old: Obj | None) ->
 def prepare_create(rtype: ResourceType, obj: Obj, validate: Validate) -> Obj:
     """Complete a stamped new object the way the kind's registry strategy does, then validate it."""
     obj = {**obj, "apiVersion": rtype.api_version, "kind": rtype.kind}
-    if rtype.plural in _STATUS_RESET_ON_CREATE:
+    if rtype.plural in _STATUS_RESET_ON_CREATE or getattr(rtype, "status_reset_on_create", False):
         obj.pop("status", None)
     elif rtype.plural == "pods":
         obj["status"] = {"phase": "Pending"}

@@ -567,6 +567,10 @@ _PRINTERS: dict[str, tuple[list[Column], Printer]] = {}
 def _printer(rtype: ResourceType) -> tuple[list[Column], Printer]:
     if not _PRINTERS:
         _PRINTERS.update(_columns())
+    custom = getattr(rtype, "table_printer", None)  # a kind a CustomResourceDefinition serves
+    if custom is not None:
+        printer: tuple[list[Column], Printer] = custom()
+        return printer
     if (
         rtype.group in ("", "resource.k8s.io", "coordination.k8s.io", "apps", "batch")
         and rtype.plural in _PRINTERS

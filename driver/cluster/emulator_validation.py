@@ -132,6 +132,10 @@ class ObjectValidator:
         """
         obj = drop_disabled_fields(rtype, obj, self._disabled_features)
         name = obj["metadata"].get("name", "")
+        custom = getattr(rtype, "validate_custom", None)  # a kind a CustomResourceDefinition serves
+        if custom is not None:
+            validated: Obj = custom(obj, old, field_validation=field_validation, warnings=warnings)
+            return validated
         if rtype.plural == "provisioningrequests":
             _check_provisioning_request(rtype, obj)
             return obj
