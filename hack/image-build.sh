@@ -27,11 +27,11 @@ log() { echo "image-build: $*" >&2; }
 want="$(sha256sum pyproject.toml | cut -d' ' -f1) ${arch}"
 if [[ ! -f "${stamp}" || "$(cat "${stamp}")" != "${want}" ]]; then
   log "downloading the runtime wheels for CPython 3.11 ${arch} into ${wheelhouse}/"
+  # The runtime dependencies (no extras), and what building the project itself needs.
   mapfile -t requirements < <("${python}" -c '
 import tomllib
-project = tomllib.load(open("pyproject.toml", "rb"))
-build = tomllib.load(open("pyproject.toml", "rb"))["build-system"]["requires"]
-print("\n".join(project["project"]["dependencies"] + build))')
+pyproject = tomllib.load(open("pyproject.toml", "rb"))
+print("\n".join(pyproject["project"]["dependencies"] + pyproject["build-system"]["requires"]))')
   # Bookworm has glibc 2.36: every manylinux tag up to it fits.
   platforms=(--platform "manylinux2014_${arch}")
   for minor in $(seq 17 36); do
