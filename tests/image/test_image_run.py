@@ -55,7 +55,10 @@ def _runtime_named() -> None:
 
 
 def ctr(*args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*RUNTIME, *args], capture_output=True, text=True, check=check, timeout=timeout)
+    done = subprocess.run([*RUNTIME, *args], capture_output=True, text=True, check=False, timeout=timeout)
+    if check and done.returncode != 0:
+        raise AssertionError(f"{shlex.join(done.args)}: exit {done.returncode}: {done.stderr[-2000:]}")
+    return done
 
 
 def wait_for(predicate: Callable[[], Any], what: str, timeout: float = T) -> Any:
