@@ -48,7 +48,7 @@ fi
 log "${upstream} cannot be pulled; using a Debian bookworm base of our own (${local_base})"
 
 import_tarball() {
-  "${CTR[@]}" import -q \
+  "${CTR[@]}" import \
     --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
     --change 'ENV LANG=C.UTF-8' \
     --change 'CMD ["python3"]' \
