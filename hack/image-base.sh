@@ -52,7 +52,11 @@ import_tarball() {
     --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
     --change 'ENV LANG=C.UTF-8' \
     --change 'CMD ["python3"]' \
-    "${tarball}" "${local_base}" > /dev/null
+    "${tarball}" "${local_base}" > "${cache_dir}/import.log" 2>&1 || {
+    log "import failed:"
+    cat "${cache_dir}/import.log" >&2
+    exit 1
+  }
 }
 
 if [[ ! -s "${tarball}" ]]; then
