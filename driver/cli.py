@@ -85,6 +85,20 @@ def _env(flag: str, default: Any) -> Any:
     return os.environ.get(env_name(flag), default)
 
 
+def _switch(flag: str) -> Callable[[str], bool]:
+    """A switch that also takes a value (``--preemption=false``), read like its env twin."""
+
+    def parse(raw: str) -> bool:
+        value = raw.strip().lower()
+        if value in ("1", "true", "yes", "on"):
+            return True
+        if value in ("0", "false", "no", "off"):
+            return False
+        raise argparse.ArgumentTypeError(f"{flag}: {raw!r} is not true or false")
+
+    return parse
+
+
 def _env_bool(flag: str, default: bool = False) -> bool:
     raw = os.environ.get(env_name(flag))
     if raw is None or raw.strip() == "":
@@ -216,6 +230,11 @@ def _build_parser() -> argparse.ArgumentParser:
         help="node profile (file or shipped name) for scale-up hints; repeatable",
     )
     p.add_argument("--topology-label", default=_env("--topology-label", "topology.kubernetes.io/zone"))
+    p.add_argument(
+        "--preemption", nargs="?", const=True, type=_switch("--preemption"),
+        default=_env_bool("--preemption", True),
+        help="evict lower-priority pods for a gated gang with a PriorityClass that does not fit",
+    )  # fmt: skip
     _add_common(p)
 
     p = sub.add_parser("plan", help="how many nodes of a profile a set of claims/gangs needs")
@@ -343,6 +362,7 @@ def build_controller_config(args: argparse.Namespace) -> ControllerConfig:
         provisioning_class=args.provisioning_class,
         hint_profiles=tuple(args.hint_profile or _env_list("--hint-profile")),
         topology_label=args.topology_label,
+        preemption=args.preemption,
     )
 
 

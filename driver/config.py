@@ -122,6 +122,7 @@ class ControllerConfig:
     provisioning_class: str = "best-effort-atomic-scale-up.autoscaling.x-k8s.io"
     hint_profiles: tuple[str, ...] = ()  # profile files/names for scale-up hints; empty = all shipped
     topology_label: str = "topology.kubernetes.io/zone"
+    preemption: bool = True  # evict lower-priority pods for a gang that does not fit (issue 17)
 
     def __post_init__(self) -> None:
         _check_choice("--policy", self.policy, POLICIES)

@@ -165,6 +165,37 @@ GRANTS: tuple[Grant, ...] = (
         "controller",
         "cluster",
         "",
+        "pods/eviction",
+        ("create",),
+        "priority preemption evicts the chosen lower-priority pods through the Eviction API, so the "
+        "server enforces their PodDisruptionBudgets; a dry run first (driver/controller/preempting.py)",
+        CONTROLLER_CODE,
+    ),
+    Grant(
+        "controller",
+        "cluster",
+        "",
+        "pods/status",
+        ("patch",),
+        "priority preemption, as kube-scheduler: the DisruptionTarget condition on each victim and "
+        "status.nominatedNodeName on the preemptor's pods (driver/controller/preempting.py); the "
+        "controller-pod-status admission policy denies every other status change",
+        CONTROLLER_CODE,
+    ),
+    Grant(
+        "controller",
+        "cluster",
+        "policy",
+        "poddisruptionbudgets",
+        ("list",),
+        "priority preemption avoids victims whose budgets allow no disruption, as kube-scheduler "
+        "does (driver/controller/preempting.py)",
+        CONTROLLER_CODE,
+    ),
+    Grant(
+        "controller",
+        "cluster",
+        "",
         "nodes",
         ("list", "watch"),
         "node allocatable and topology labels for the node-fit check (driver/controller/watch.py)",

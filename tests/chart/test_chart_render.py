@@ -100,10 +100,10 @@ def test_renders_every_component(values_name: str) -> None:
         "Role": 1,
         "RoleBinding": 1,
         "DeviceClass": 2,
-        # The agent's ResourceSlices, the controller's pods and claims (the agent's claim-status
-        # policy only before 1.36; Helm renders offline for 1.36).
-        "ValidatingAdmissionPolicy": 3,
-        "ValidatingAdmissionPolicyBinding": 3,
+        # The agent's ResourceSlices, the controller's pods, pods' status (preemption) and claims
+        # (the agent's claim-status policy only before 1.36; Helm renders offline for 1.36).
+        "ValidatingAdmissionPolicy": 4,
+        "ValidatingAdmissionPolicyBinding": 4,
         "PodDisruptionBudget": 1,
     }.items():
         assert kinds.count(kind) == count, f"{values_name}: {kind} x{kinds.count(kind)}"

@@ -75,6 +75,7 @@ def test_which_policies_render_for_which_version() -> None:
     assert sorted(name.removeprefix(f"{RELEASE}-") for name in default) == [
         "agent-resourceslices",
         "controller-claims",
+        "controller-pod-status",
         "controller-pods",
     ]
     assert any(
@@ -95,7 +96,7 @@ def test_every_policy_validates_strictly(rendered: dict[str, Obj], version: str)
     """Also the claim-status policy, which the default rendering (for 1.36) leaves out."""
     objects = render_chart({"admissionPolicy": {"agentClaimStatus": "policy"}})
     admission = [o for o in objects if o["kind"].startswith("ValidatingAdmissionPolicy")]
-    assert len(admission) == 2 * len(rendered) == 8
+    assert len(admission) == 2 * len(rendered) == 10
     for obj in admission:
         validate_strict(obj, version)
 
@@ -673,10 +674,118 @@ def test_pod_policy_leaves_everyone_else_alone(rendered: dict[str, Obj], account
         {"username": "alice", "groups": ["system:authenticated"]},
     ):
         assert not _decide(policy, user, old=old, obj=new).applies
-    # Only updates of the pod itself: the controller holds no right to pods/status or deletes.
+    # Only updates of the pod itself: its status has its own policy (below), deletes none.
     controller = service_account_user(NAMESPACE, accounts["controller"])
     assert not _decide(policy, controller, old=old, obj=new, subresource="status").applies
     assert not _decide(policy, controller, old=old, obj=None, operation="DELETE").applies
+
+
+# -- controller: pods' status (priority preemption) ---------------------------------------------------
+
+
+def running_pod() -> Obj:
+    pod = gated_pod()
+    pod["spec"]["schedulingGates"] = []
+    pod["spec"]["nodeName"] = NODE
+    pod["status"] = {
+        "phase": "Running",
+        "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": "2026-11-30T10:00:05Z"}],
+    }
+    return pod
+
+
+def _status_patch(status: Obj) -> Callable[[Obj], None]:
+    """A strategic-merge patch of status as preempting.py sends it (conditions merge by type)."""
+
+    def change(pod: Obj) -> None:
+        for key, value in status.items():
+            if key == "conditions":
+                kept = [
+                    c
+                    for c in pod["status"].get("conditions", [])
+                    if c["type"] not in {v["type"] for v in value}
+                ]
+                pod["status"]["conditions"] = kept + value
+            else:
+                pod["status"][key] = value
+
+    return change
+
+
+def _status_decision(policy: Obj, user: Obj, stored: Obj, change: Callable[[Obj], None]) -> Decision:
+    new = copy.deepcopy(stored)
+    change(new)
+    new["metadata"]["resourceVersion"] = "4712"
+    return _decide(policy, user, old=stored, obj=new, subresource="status")
+
+
+def _other_condition(pod: Obj) -> None:
+    pod["status"]["conditions"][0]["status"] = "False"
+
+
+def _phase(pod: Obj) -> None:
+    pod["status"]["phase"] = "Failed"
+
+
+def _label(pod: Obj) -> None:
+    pod["metadata"].setdefault("labels", {})["x"] = "y"
+
+
+def _spec(pod: Obj) -> None:
+    pod["spec"]["nodeName"] = OTHER_NODE
+
+
+STATUS_FORBIDDEN: dict[str, tuple[Callable[[Obj], None], str]] = {
+    "another condition": (_other_condition, "no Pod condition but DisruptionTarget"),
+    "phase": (_phase, "only the DisruptionTarget condition and nominatedNodeName"),
+    "label": (_label, "metadata"),
+    "spec": (_spec, "spec"),
+    "DisruptionTarget for another reason": (
+        _status_patch(
+            {
+                "conditions": [
+                    {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}
+                ]
+            }
+        ),
+        "PreemptionByScheduler",
+    ),
+}
+
+
+def test_controller_pod_status_writes_of_preemption_allowed(
+    rendered: dict[str, Obj], accounts: dict[str, str]
+) -> None:
+    from driver.controller.preempting import build_disruption_condition
+
+    policy = _policy(rendered, "-controller-pod-status")
+    user = service_account_user(NAMESPACE, accounts["controller"])
+    condition = build_disruption_condition(gated_pod())
+    for stored, status in (
+        (running_pod(), {"conditions": [condition]}),
+        (gated_pod(), {"nominatedNodeName": NODE}),
+    ):
+        decision = _status_decision(policy, user, stored, _status_patch(status))
+        assert decision.applies and decision.allowed, decision
+
+
+@pytest.mark.parametrize("case", sorted(STATUS_FORBIDDEN))
+def test_controller_pod_status_write_forbidden(
+    rendered: dict[str, Obj], accounts: dict[str, str], case: str
+) -> None:
+    change, fragment = STATUS_FORBIDDEN[case]
+    user = service_account_user(NAMESPACE, accounts["controller"])
+    decision = _status_decision(_policy(rendered, "-controller-pod-status"), user, running_pod(), change)
+    assert decision.applies and decision.errors == () and decision.denials, decision
+    assert any(fragment in message for message in decision.denials), decision
+
+
+def test_pod_status_policy_leaves_everyone_else_alone(
+    rendered: dict[str, Obj], accounts: dict[str, str]
+) -> None:
+    policy = _policy(rendered, "-controller-pod-status")
+    kubelet = {"username": f"system:node:{NODE}", "groups": ["system:nodes", "system:authenticated"]}
+    assert not _status_decision(policy, kubelet, running_pod(), _phase).applies
 
 
 # -- controller: claims ----------------------------------------------------------------------------

@@ -123,6 +123,8 @@ KINDS = {
     "device_taint_rule": ("resource.k8s.io", "devicetaintrules"),
     "pod": ("", "pods"),
     "pod_binding": ("", "pods/binding"),
+    "pod_eviction": ("", "pods/eviction"),
+    "pod_disruption_budget": ("policy", "poddisruptionbudgets"),
     "pod_template": ("", "podtemplates"),
     "node": ("", "nodes"),
     "event": ("", "events"),

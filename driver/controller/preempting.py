@@ -1,0 +1,442 @@
+"""Preemption for the gangs we place (issue 17): the search wired to the cache, the nominations
+that keep freed devices for the preemptor, and the effects (evictions, conditions, Events).
+
+Runs on the worker thread. ``holding`` and ``nominated_decision`` run inside the worker's decide
+step (``cache.lock`` held, no I/O); ``preempt`` is called after a gang was found unschedulable,
+takes the lock for the search only and makes its API calls after releasing it.
+
+Effects, in order, as kube-scheduler's ``prepareCandidate`` makes them
+(``pkg/scheduler/framework/preemption/preemption.go``), through the Eviction API instead of a
+plain delete so that the server enforces PodDisruptionBudgets:
+
+1. every victim is evicted with ``dryRun: [All]`` first: one refusal (a budget) stops everything
+   before anything happened, so a victim gang is evicted whole or not at all;
+2. the preemptor's pods get ``status.nominatedNodeName`` (their nominated placement), and the
+   preemptor an Event ``Preempting`` naming the victims and the placement;
+3. per victim: the ``DisruptionTarget`` condition (reason ``PreemptionByScheduler``, message
+   ``"<schedulerName>: preempting to accommodate a higher priority pod"``), the eviction, and the
+   Event ``Preempted`` with kube-scheduler's message ``"Preempted by pod <uid> on node <node>"``.
+
+While the victims' claims are being released, the nominated devices are held against every gang
+of equal or lower priority; the preemptor is then allocated on its nominated nodes. A preemptor
+whose evictions were refused, or that still does not fit once its victims are gone, backs off
+(exponentially) before it may preempt again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from kubernetes import client
+
+from driver.controller.cache import ClusterCache, Kind
+from driver.controller.decide import (
+    Decision,
+    _group_node,
+    _static_exclusions,
+    allocate_groups,
+    tentative_allocations,
+)
+from driver.controller.decode import bounded
+from driver.controller.events import COMPONENT, MAX_EVENT_MESSAGE_CHARS
+from driver.controller.gangs import GangPlan
+from driver.controller.objects import (
+    GangKey,
+    Resources,
+    node_allocatable,
+    object_key,
+    pod_requests,
+)
+from driver.controller.preemption import (
+    Budget,
+    Choice,
+    Placement,
+    VictimUnit,
+    build_victim_units,
+    choose_victims,
+    count_violations,
+    device_holders,
+    parse_budget,
+    pod_priority,
+    preemption_refusal,
+)
+from driver.errors import FractionalError, NotFoundError
+from driver.kube import REQUEST_TIMEOUT_SECONDS, api_errors
+
+__all__ = [
+    "CONDITION_REASON",
+    "EVENT_REASON_PREEMPTED",
+    "EVENT_REASON_PREEMPTING",
+    "Nomination",
+    "Preemptor",
+    "build_disruption_condition",
+    "build_preemption_event",
+]
+
+log = logging.getLogger(__name__)
+
+CONDITION_TYPE = "DisruptionTarget"
+CONDITION_REASON = "PreemptionByScheduler"  # corev1.PodReasonPreemptionByScheduler
+EVENT_REASON_PREEMPTED = "Preempted"  # on each victim, action "Preempting" (kube-scheduler's)
+EVENT_REASON_PREEMPTING = "Preempting"  # on the preemptor: the victims and the nominated placement
+EVENT_REASON_BLOCKED = "PreemptionBlocked"
+STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
+DEFAULT_SCHEDULER = "default-scheduler"
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def build_disruption_condition(preemptor: dict[str, Any]) -> dict[str, Any]:
+    """The condition kube-scheduler puts on a victim before deleting it."""
+    scheduler = (preemptor.get("spec") or {}).get("schedulerName") or DEFAULT_SCHEDULER
+    return {
+        "type": CONDITION_TYPE,
+        "status": "True",
+        "reason": CONDITION_REASON,
+        "message": f"{scheduler}: preempting to accommodate a higher priority pod",
+        "lastTransitionTime": _now(),
+    }
+
+
+def _reference(pod: dict[str, Any]) -> dict[str, Any]:
+    meta = pod["metadata"]
+    return {"apiVersion": "v1", "kind": "Pod", "name": meta["name"], "namespace": meta["namespace"],
+            "uid": meta.get("uid")}  # fmt: skip
+
+
+def build_preemption_event(
+    pod: dict[str, Any], *, reason: str, message: str, identity: str, related: dict[str, Any] | None = None,
+    event_type: str = "Normal",
+) -> dict[str, Any]:  # fmt: skip
+    meta = pod["metadata"]
+    now = _now()
+    body: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"generateName": f"{meta['name'][:200]}.", "namespace": meta["namespace"]},
+        "involvedObject": _reference(pod),
+        "reason": reason,
+        "action": "Preempting",
+        "message": bounded(message, MAX_EVENT_MESSAGE_CHARS - 40),
+        "type": event_type,
+        "source": {"component": COMPONENT},
+        "reportingComponent": "fractional.dev/controller",
+        "reportingInstance": identity or COMPONENT,
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "count": 1,
+    }
+    if related is not None:
+        body["related"] = _reference(related)
+    return body
+
+
+@dataclass
+class Nomination:
+    priority: int
+    pod_nodes: dict[str, str | None]  # preemptor pod "namespace/name" -> node
+    allocations: tuple[tuple[dict[str, Any], dict[str, Any]], ...]
+    victim_pods: frozenset[str]  # "namespace/name" of every victim pod
+    victim_claims: tuple[dict[str, Any], ...]
+    deadline: float
+
+    @property
+    def nodes(self) -> frozenset[str]:
+        return frozenset(n for n in self.pod_nodes.values() if n)
+
+
+@dataclass
+class _Backoff:
+    until: float = 0.0
+    failures: int = 0
+
+
+def gang_priority(pods: tuple[dict[str, Any], ...]) -> int:
+    """A gang preempts with the priority of its least important gated pod."""
+    return min((pod_priority(p) for p in pods), default=0)
+
+
+@dataclass
+class Preemptor:
+    cache: ClusterCache
+    api_client: client.ApiClient
+    identity: str = ""
+    clock: Callable[[], float] = time.monotonic
+    nomination_seconds: float = 300.0  # victims still not gone by then: give up and back off
+    backoff_seconds: float = 10.0
+    backoff_max_seconds: float = 300.0
+    nominations: dict[GangKey, Nomination] = field(default_factory=dict)
+    backoff: dict[GangKey, _Backoff] = field(default_factory=dict)
+    evicted: int = 0  # victim pods evicted so far (for tests and metrics)
+    last_choice: Choice | None = None
+
+    def __post_init__(self) -> None:
+        self._core: Any = client.CoreV1Api(self.api_client)  # Any: dict bodies, raw JSON answers
+        self._policy: Any = client.PolicyV1Api(self.api_client)
+
+    # -- inside the decide step (cache.lock held, no I/O) ---------------------------------------------
+
+    @contextmanager
+    def holding(self, plan: GangPlan) -> Iterator[None]:
+        """Count the devices nominated to other gangs of at least this gang's priority as taken."""
+        priority = gang_priority(plan.gated)
+        pairs = [
+            pair
+            for gang, nomination in self.nominations.items()
+            if gang != plan.key and nomination.priority >= priority
+            for pair in nomination.allocations
+        ]
+        if not pairs:
+            yield
+            return
+        with tentative_allocations(self.cache, pairs):
+            yield
+
+    def nominated_decision(self, plan: GangPlan, *, policy: str) -> Decision | None:
+        """For a nominated gang: its allocations on the nominated nodes, or None (not yet free)."""
+        nomination = self.nominations.get(plan.key)
+        if nomination is None or not nomination.nodes:
+            return None
+        others = {str(n["metadata"]["name"]) for n in self.cache.objects(Kind.NODE)} - nomination.nodes
+        excluded = frozenset(others) | _static_exclusions(self.cache, plan)
+        chosen = allocate_groups(self.cache, plan.groups, policy=policy, exclude_nodes=excluded)
+        if chosen is None:
+            return None
+        by_claim = {str(object_key(c)): a for c, a in chosen}
+        pod_nodes = tuple((pod, _group_node(group, by_claim)) for group in plan.groups for pod in group.pods)
+        return Decision(outcome="allocated", allocations=tuple(chosen), pod_nodes=pod_nodes)
+
+    def placed(self, gang: GangKey) -> None:
+        if self.nominations.pop(gang, None) is not None:
+            log.info("preemptor placed", extra={"gang": gang})
+        self.backoff.pop(gang, None)
+
+    # -- after an unschedulable decision ----------------------------------------------------------
+
+    def _victims_pending(self, nomination: Nomination) -> bool:
+        """Victim pods still present, or their claims still allocated."""
+        for key in nomination.victim_pods:
+            if self.cache.get(Kind.POD, key) is not None:
+                return True
+        for claim in nomination.victim_claims:
+            current = self.cache.get(Kind.CLAIM, str(object_key(claim)))
+            same = current is not None and current["metadata"].get("uid") == claim["metadata"].get("uid")
+            if same and current is not None and (current.get("status") or {}).get("allocation"):
+                return True
+        return False
+
+    def _fail(self, gang: GangKey, why: str) -> None:
+        self.nominations.pop(gang, None)
+        state = self.backoff.setdefault(gang, _Backoff())
+        delay = min(self.backoff_max_seconds, self.backoff_seconds * (2**state.failures))
+        state.failures += 1
+        state.until = self.clock() + delay
+        log.info("preemption backs off", extra={"gang": gang, "reason": bounded(why), "delay_seconds": delay})
+
+    def preempt(self, plan: GangPlan, *, policy: str) -> bool:
+        """Try to make room for an unschedulable gang; True while it waits for its victims to go."""
+        gang = plan.key
+        nomination = self.nominations.get(gang)
+        if nomination is not None:
+            if self._victims_pending(nomination) and self.clock() < nomination.deadline:
+                return True
+            self._fail(gang, "still unschedulable after its victims were evicted")
+            return False
+        if self.clock() < self.backoff.get(gang, _Backoff()).until or not plan.gated:
+            return False
+        if preemption_refusal(plan.gated) is not None:
+            return False
+        priority = gang_priority(plan.gated)
+        budgets = self._budgets()
+        with self.cache.lock, self.holding(plan):
+            claims = {str(object_key(c)): c for c in self.cache.objects(Kind.CLAIM)}
+            units = build_victim_units(self.cache.objects(Kind.POD), claims, below_priority=priority)
+            if not units:
+                return False
+            holders = device_holders(c for c in claims.values() if (c.get("status") or {}).get("allocation"))
+            choice = choose_victims(
+                units, fits=self._fit_check(plan, units, policy=policy), budgets=budgets, holders=holders
+            )
+        self.last_choice = choice
+        if choice is None:
+            log.info("no preemption helps", extra={"gang": gang, "candidates": len(units)})
+            return False
+        return self._execute(plan, choice, priority, budgets)
+
+    def _budgets(self) -> list[Budget]:
+        with api_errors("list PodDisruptionBudgets"):
+            answer = self._policy.list_pod_disruption_budget_for_all_namespaces(
+                _request_timeout=REQUEST_TIMEOUT_SECONDS, _preload_content=False
+            )
+        return [parse_budget(item) for item in json.loads(answer.data).get("items") or ()]
+
+    def _fit_check(
+        self, plan: GangPlan, units: list[VictimUnit], *, policy: str
+    ) -> Callable[[frozenset[str]], Placement | None]:
+        by_key = {u.key: u for u in units}
+        excluded = _static_exclusions(self.cache, plan)
+        nodes = {str(n["metadata"]["name"]): n for n in self.cache.objects(Kind.NODE)}
+        state = self.cache.state
+
+        def fits(removed: frozenset[str]) -> Placement | None:
+            released = [c for k in removed for c in by_key[k].claims]
+            for claim in released:
+                state.remove_claim(_claim_uid(claim))
+            try:
+                chosen = allocate_groups(self.cache, plan.groups, policy=policy, exclude_nodes=excluded)
+            finally:
+                for claim in released:  # as the cache holds it now (the lock is held: unchanged)
+                    current = self.cache.get(Kind.CLAIM, str(object_key(claim)))
+                    state.upsert_claim(current if current is not None else claim)
+            if chosen is None:
+                return None
+            freed: dict[str, Resources] = {}
+            for key in removed:
+                unit = by_key[key]
+                for pod in unit.pods:
+                    node = (pod.get("spec") or {}).get("nodeName") or (unit.nodes[0] if unit.nodes else None)
+                    if node:
+                        freed[node] = freed.get(node, Resources()) + pod_requests(pod)
+            by_claim = {str(object_key(c)): a for c, a in chosen}
+            usage: dict[str, Resources] = {}
+            pod_nodes: list[tuple[str, str | None]] = []
+            for group in plan.groups:
+                node = _group_node(group, by_claim)
+                for pod in group.pods:
+                    pod_nodes.append((str(object_key(pod)), node))
+                    if node is None or node not in nodes:
+                        continue
+                    if node not in usage:
+                        usage[node] = self.cache.node_usage(node) - freed.get(node, Resources())
+                    usage[node] = usage[node] + pod_requests(pod)
+                    if not Resources().fits_within(node_allocatable(nodes[node]) - usage[node]):
+                        return None
+            return Placement(allocations=tuple(chosen), pod_nodes=tuple(pod_nodes))
+
+        return fits
+
+    # -- effects --------------------------------------------------------------------------------
+
+    def _execute(self, plan: GangPlan, choice: Choice, priority: int, budgets: list[Budget]) -> bool:
+        gang = plan.key
+        preemptor = plan.gated[0]
+        victims = [p for u in choice.victims for p in u.pods]
+        ordered = sorted(victims, key=lambda p: count_violations([p], budgets)[0] == 0)  # budget risks first
+        for pod in ordered:
+            try:
+                self._evict(pod, dry_run=True)
+            except NotFoundError:
+                continue
+            except FractionalError as error:
+                message = (f"preemption for gang {gang.split('/', 1)[1]} blocked: pod "
+                           f"{object_key(pod)} may not be evicted now: {bounded(error)}")  # fmt: skip
+                self._emit(preemptor, reason=EVENT_REASON_BLOCKED, message=message, event_type="Warning")
+                self._fail(gang, message)
+                return False
+        nodes = dict(choice.placement.pod_nodes)
+        self.nominations[gang] = Nomination(
+            priority=priority,
+            pod_nodes=nodes,
+            allocations=choice.placement.allocations,
+            victim_pods=frozenset(str(object_key(p)) for p in victims),
+            victim_claims=tuple(c for u in choice.victims for c in u.claims),
+            deadline=self.clock() + self.nomination_seconds,
+        )
+        self._emit(preemptor, reason=EVENT_REASON_PREEMPTING, message=self._describe(plan, choice))
+        for pod in plan.gated:
+            node = nodes.get(str(object_key(pod)))
+            if node:
+                self._patch_status(pod, {"nominatedNodeName": node}, "nominate")
+        preemptor_uid = preemptor["metadata"].get("uid")
+        for unit in choice.victims:
+            for pod in unit.pods:
+                node = (pod.get("spec") or {}).get("nodeName") or (unit.nodes[0] if unit.nodes else "")
+                try:
+                    self._patch_status(pod, {"conditions": [build_disruption_condition(preemptor)]}, "mark")
+                    self._evict(pod, dry_run=False)
+                except NotFoundError:
+                    continue  # gone already: kube-scheduler counts that as done too
+                except FractionalError as error:
+                    log.warning("eviction failed", extra={"gang": gang, "pod": str(object_key(pod)),
+                                                          "error": bounded(error)})  # fmt: skip
+                    continue  # the nomination's deadline ends the wait if this one never goes
+                self.evicted += 1
+                message = f"Preempted by pod {preemptor_uid} on node {node}"  # kube-scheduler's words
+                self._emit(pod, reason=EVENT_REASON_PREEMPTED, message=message, related=preemptor)
+        log.info(
+            "preempted",
+            extra={"gang": gang, "victims": len(victims),
+                   "nodes": ",".join(sorted({n for n in nodes.values() if n})),
+                   "budgets_exceeded": ",".join(choice.budgets_exceeded)},
+        )  # fmt: skip
+        return True
+
+    @staticmethod
+    def _describe(plan: GangPlan, choice: Choice) -> str:
+        name = plan.key.split("/", 1)[1]
+        victims = ", ".join(
+            f"{object_key(p)} (priority {pod_priority(p)})" for u in choice.victims for p in u.pods
+        )
+        placement = ", ".join(
+            f"{pod.split('/', 1)[1]} -> {node}" for pod, node in choice.placement.pod_nodes if node
+        )
+        count = sum(len(u.pods) for u in choice.victims)
+        message = (f"Preempting {count} lower-priority pod(s) to place gang {name} "
+                   f"(priority {gang_priority(plan.gated)}): {victims}; nominated: {placement}")  # fmt: skip
+        if choice.budgets_exceeded:
+            message += (f"; could not avoid violating PodDisruptionBudget(s) "
+                        f"{', '.join(choice.budgets_exceeded)}")  # fmt: skip
+        return message
+
+    def _evict(self, pod: dict[str, Any], *, dry_run: bool) -> None:
+        meta = pod["metadata"]
+        body: dict[str, Any] = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
+            "deleteOptions": {"preconditions": {"uid": meta.get("uid")}},
+        }
+        if dry_run:
+            body["deleteOptions"]["dryRun"] = ["All"]
+        with api_errors(f"evict Pod {meta['namespace']}/{meta['name']}"):
+            self._core.create_namespaced_pod_eviction(
+                meta["name"], meta["namespace"], body, _preload_content=False,
+                _request_timeout=REQUEST_TIMEOUT_SECONDS,
+            )  # fmt: skip
+
+    def _patch_status(self, pod: dict[str, Any], status: dict[str, Any], what: str) -> None:
+        meta = pod["metadata"]
+        with api_errors(f"{what} Pod {meta['namespace']}/{meta['name']} status"):
+            self._core.patch_namespaced_pod_status(
+                meta["name"], meta["namespace"], {"status": status}, _content_type=STRATEGIC_MERGE_PATCH,
+                _preload_content=False, _request_timeout=REQUEST_TIMEOUT_SECONDS,
+            )  # fmt: skip
+
+    def _emit(
+        self, pod: dict[str, Any], *, reason: str, message: str, related: dict[str, Any] | None = None,
+        event_type: str = "Normal",
+    ) -> None:  # fmt: skip
+        body = build_preemption_event(pod, reason=reason, message=message, identity=self.identity,
+                                      related=related, event_type=event_type)  # fmt: skip
+        try:
+            with api_errors(f"create Event for Pod {pod['metadata']['namespace']}/{pod['metadata']['name']}"):
+                self._core.create_namespaced_event(
+                    pod["metadata"]["namespace"], body, _preload_content=False,
+                    _request_timeout=REQUEST_TIMEOUT_SECONDS,
+                )  # fmt: skip
+        except FractionalError as error:  # an Event is advice: losing one never stops the preemption
+            log.warning("event not recorded", extra={"reason": reason, "error": bounded(error)})
+
+
+def _claim_uid(claim: dict[str, Any]) -> str:
+    meta = claim.get("metadata") or {}
+    return str(meta.get("uid") or f"{meta.get('namespace', '')}/{meta.get('name', '')}")
