@@ -16,6 +16,7 @@ from typing import Any, Protocol, cast
 
 from kubernetes import client
 
+from driver.allocator import AllocationError, allocate
 from driver.cluster.emulator_store import new_timestamp
 from driver.cluster.kubelet import pod_status
 from driver.demo.objects import as_dict
@@ -125,6 +126,7 @@ class PodBinder:
                 or pod["metadata"].get("deletionTimestamp")
             ):
                 continue
+            self._schedule(resource, pod)
             self._bind(core, resource, pod)
         with self._lock:
             gone = [
@@ -134,6 +136,64 @@ class PodBinder:
             ]
         for bound in gone:
             self._release(resource, bound)
+
+    def _schedule(self, resource: client.ResourceV1Api, pod: dict[str, Any]) -> None:
+        """kube-scheduler's DRA plugin, for an ungated pod outside our controller's gangs: allocate its
+        claims together on one node with the structured allocator, as the scheduler would."""
+        namespace = pod["metadata"]["namespace"]
+        generated = {
+            entry.get("name"): entry.get("resourceClaimName")
+            for entry in (pod.get("status") or {}).get("resourceClaimStatuses") or []
+        }
+        names = [
+            ref.get("resourceClaimName") or generated.get(ref["name"])
+            for ref in (pod.get("spec") or {}).get("resourceClaims") or []
+        ]
+        if not names or not all(names):
+            return
+        with api_errors("list ResourceClaims"):
+            every_claim = [
+                as_dict(c)
+                for c in resource.list_resource_claim_for_all_namespaces(
+                    _request_timeout=REQUEST_TIMEOUT_SECONDS
+                ).items
+            ]
+        by_name = {c["metadata"]["name"]: c for c in every_claim if c["metadata"]["namespace"] == namespace}
+        claims = [by_name.get(str(name)) for name in names]
+        pending = [c for c in claims if c is not None and not (c.get("status") or {}).get("allocation")]
+        if None in claims or not pending:
+            return
+        with api_errors("list ResourceSlices and DeviceClasses"):
+            slices = [
+                as_dict(s)
+                for s in resource.list_resource_slice(_request_timeout=REQUEST_TIMEOUT_SECONDS).items
+            ]
+            classes = [
+                as_dict(c) for c in resource.list_device_class(_request_timeout=REQUEST_TIMEOUT_SECONDS).items
+            ]
+        allocated = [c for c in every_claim if (c.get("status") or {}).get("allocation")]
+        try:
+            allocations = allocate(
+                pending,
+                slices=slices,
+                classes=classes,
+                allocated=allocated,
+                pod_groups=[list(range(len(pending)))],
+            )
+        except AllocationError:
+            log.info("pod unschedulable", extra={"pod": f"{namespace}/{pod['metadata']['name']}"})
+            return
+        if allocations is None:
+            return  # the real scheduler retries as the cluster changes; so does this loop
+        for claim, allocation in zip(pending, allocations, strict=True):
+            claim["status"] = {**(claim.get("status") or {}), "allocation": allocation}
+            with api_errors(f"allocate ResourceClaim {namespace}/{claim['metadata']['name']}"):
+                resource.replace_namespaced_resource_claim_status(
+                    claim["metadata"]["name"],
+                    namespace,
+                    cast(Any, claim),
+                    _request_timeout=REQUEST_TIMEOUT_SECONDS,
+                )
 
     def _bind(self, core: client.CoreV1Api, resource: client.ResourceV1Api, pod: dict[str, Any]) -> None:
         metadata = pod["metadata"]

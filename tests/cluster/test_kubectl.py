@@ -160,6 +160,7 @@ def test_apply_validates_without_flags(kubectl: Kubectl) -> None:
         "resourceclaim.resource.k8s.io/whole-gpu created",
         "pod/whole-gpu created",
     ]
+    kubectl.run("delete", "namespace", namespace, "--timeout=60s")  # gives the GPU back
 
 
 def test_explain_prints_the_official_field_docs(kubectl: Kubectl) -> None:
@@ -372,6 +373,13 @@ def test_every_example_applies_without_flags(kubectl: Kubectl) -> None:
         result = kubectl.run("apply", "-n", namespace, "-f", str(example))
         assert result.stdout.strip(), example.name
         assert all(line.endswith(" created") for line in result.stdout.splitlines()), result.stdout
+    # and runs: kube-scheduler's, kube-controller-manager's and the kubelet's stand-ins do their part
+    for pod in ("whole-gpu", "cel-selected", "aligned-training"):
+        kubectl.run("wait", "-n", namespace, "--for=condition=Ready", f"pod/{pod}", "--timeout=60s")
+    kubectl.run("wait", "-n", namespace, "--for=condition=Available", "deployment/inference", "--timeout=60s")
+    active = "--for=jsonpath={.status.ready}=4"
+    kubectl.run("wait", "-n", namespace, active, "job/gang-train", "--timeout=60s")
+    kubectl.run("delete", "namespace", namespace, "--timeout=60s")  # gives the GPUs back
 
 
 def test_job_pods_get_claims_from_the_template_and_become_ready(kubectl: Kubectl) -> None:
