@@ -663,3 +663,24 @@ def test_server_side_apply_merges_lists_by_their_keys(kubectl: Kubectl) -> None:
     live = kubectl.json("get", "pod", "merged", "-n", namespace)
     assert [g["name"] for g in live["spec"]["schedulingGates"]] == ["example.com/a"]
     assert live["metadata"]["labels"] == {"team": "x"}
+
+
+# the README's commands ----------------------------------------------------------------------------------
+
+
+def _readme_commands() -> list[list[str]]:
+    text = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    section = text.split("### Try it with kubectl", 1)[1]
+    block = section.split("```sh", 1)[1].split("```", 1)[0]
+    return [line.split() for line in block.strip().splitlines()]
+
+
+def test_the_readme_commands_run_as_written(kubectl: Kubectl) -> None:
+    commands = _readme_commands()
+    assert commands and all(command[0] == "kubectl" for command in commands)
+    namespace = f"try-{kubectl.suffix}"  # each kubectl version in its own namespace
+    for command in commands:
+        args = [namespace if arg == "try" else arg for arg in command[1:]]
+        args = [str(REPO_ROOT / arg) if arg.startswith("examples/") else arg for arg in args]
+        result = kubectl.run(*args, check=False)
+        assert result.returncode == 0, f"{' '.join(command)}: {result.stderr}"
