@@ -40,6 +40,7 @@ from kubernetes import client
 
 from driver.cluster.emulator_apply import APPLY_PATCH, apply_configuration, parse_apply_body, record_update
 from driver.cluster.emulator_crd import CRD_RESOURCE, CustomResources, CustomResourceType
+from driver.cluster.emulator_events import core_event, events_v1_event, events_v1_field_selector
 from driver.cluster.emulator_http import Route, ThreadedHTTPServer
 from driver.cluster.emulator_patch import apply_patch
 from driver.cluster.emulator_policy import admit_pod_priority, check_eviction_budgets
@@ -55,6 +56,7 @@ from driver.cluster.emulator_store import (
     new_timestamp,
 )
 from driver.cluster.emulator_strategy import (
+    RESOURCE_TYPES,
     build_namespace,
     prepare_create,
     prepare_status_update,
@@ -85,6 +87,7 @@ INITIAL_NAMESPACES = ("default", "kube-node-lease", "kube-public", "kube-system"
 _NAMESPACES = ResourceType("", "v1", "namespaces", "Namespace", namespaced=False, status_subresource=True)
 _PRIORITY_CLASSES = ResourceType("scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass", namespaced=False)
 _BUDGETS = ResourceType("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", namespaced=True)
+_CORE_EVENTS = next(t for t in RESOURCE_TYPES if t.group == "" and t.plural == "events")
 _REASONS = {
     400: "BadRequest", 401: "Unauthorized", 403: "Forbidden", 404: "NotFound", 409: "Conflict", 410: "Gone",
     422: "Invalid", 429: "TooManyRequests", 500: "InternalError", 503: "ServiceUnavailable", 504: "Timeout",
@@ -252,6 +255,8 @@ class APIServer:
         options: RequestOptions,
     ) -> tuple[int, Obj]:
         rtype = route.rtype
+        if rtype.group == "events.k8s.io" and route.subresource is None:
+            return self._events_v1(method, route, query, body, headers, options)
         if rtype.create_only:
             if method != "POST" or route.name is not None:
                 raise _method_not_allowed(method)
@@ -592,13 +597,55 @@ class APIServer:
                     self._store.delete(rtype, item["metadata"].get("namespace", ""), item["metadata"]["name"])
         return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"}
 
+    def _events_v1(
+        self,
+        method: str,
+        route: Route,
+        query: dict[str, str],
+        body: Any,
+        headers: Any,
+        options: RequestOptions,
+    ) -> tuple[int, Obj]:
+        """events.k8s.io/v1 serves the core/v1 Events, converted (``emulator_events``)."""
+        core = Route(_CORE_EVENTS, route.namespace, route.name, None)
+        query = {**query, "fieldSelector": events_v1_field_selector(query.get("fieldSelector")) or ""}
+        if method == "GET" and route.name is None:
+            self._record("list", route)
+            listed = self._list(core, query)
+            items = [events_v1_event(item) for item in listed["items"]]
+            table = self._as_table(route, items, listed["metadata"], query, headers)
+            return 200, table or {**listed, "apiVersion": "events.k8s.io/v1", "items": items}
+        if method == "GET":
+            self._record("get", route)
+            obj = events_v1_event(self._store.get(_CORE_EVENTS, route.namespace or "", route.name or ""))
+            return 200, self._as_table(route, [obj], obj["metadata"], query, headers) or obj
+        if method == "PATCH" and route.name is not None:
+            self._record("patch", route)
+            content_type = headers.get("Content-Type", "")
+
+            def compute(current: Obj) -> Obj:
+                patched = apply_patch(content_type, events_v1_event(current), body, strategic_allowed=True)
+                return prepare_update(_CORE_EVENTS, core_event(patched), current, self._validate_for(options))
+
+            stored = self._store.update(
+                _CORE_EVENTS, route.namespace or "", route.name, compute, dry_run=options.dry_run
+            )
+            return 200, events_v1_event(stored)
+        converted = core_event(body) if isinstance(body, dict) and body.get("kind") == "Event" else body
+        code, obj = self._dispatch(method, core, query, converted, headers, options)
+        return code, events_v1_event(obj) if obj.get("kind") == "Event" else obj
+
     def open_watch(self, route: Route, query: dict[str, str]) -> tuple[Watcher, list[Any], float]:
         rtype = route.rtype
         self._record("watch", route)
+        convert = None
+        if rtype.group == "events.k8s.io":  # the core/v1 Events, converted
+            rtype, convert = _CORE_EVENTS, events_v1_event
+            query = {**query, "fieldSelector": events_v1_field_selector(query.get("fieldSelector")) or ""}
         matches = build_matcher(
             query.get("labelSelector"), query.get("fieldSelector"), rtype.field_labels, rtype.kind
         )
-        watcher = Watcher(rtype, route.namespace, matches)
+        watcher = Watcher(rtype, route.namespace, matches, convert=convert)
         # sendInitialEvents (a WatchList, kubectl 1.37's default): the current objects first
         since = None if query.get("sendInitialEvents") == "true" else query.get("resourceVersion")
         initial = self._store.watch(watcher, since)

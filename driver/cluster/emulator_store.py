@@ -149,6 +149,7 @@ class Watcher:
     namespace: str | None
     matches: Callable[[Obj], bool]
     events: queue.SimpleQueue[WatchEvent | None] = field(default_factory=queue.SimpleQueue)
+    convert: Callable[[Obj], Obj] | None = None  # the stored form to the one this watch serves
 
     def _in_scope(self, obj: Obj) -> bool:
         if self.namespace is not None and obj["metadata"].get("namespace") != self.namespace:
@@ -157,6 +158,12 @@ class Watcher:
 
     def translate(self, event: WatchEvent) -> tuple[str, Obj] | None:
         """The event this watcher's client sees, as a selector-filtered apiserver sends it."""
+        translated = self._translate(event)
+        if translated is None or self.convert is None:
+            return translated
+        return translated[0], self.convert(translated[1])
+
+    def _translate(self, event: WatchEvent) -> tuple[str, Obj] | None:
         now = self._in_scope(event.obj)
         if event.type != "MODIFIED" or event.previous is None:
             return (event.type, event.obj) if now else None

@@ -684,3 +684,27 @@ def test_the_readme_commands_run_as_written(kubectl: Kubectl) -> None:
         args = [str(REPO_ROOT / arg) if arg.startswith("examples/") else arg for arg in args]
         result = kubectl.run(*args, check=False)
         assert result.returncode == 0, f"{' '.join(command)}: {result.stderr}"
+
+
+def test_events_k8s_io_lists_the_same_events_as_core(kubectl: Kubectl) -> None:
+    namespace = _namespace(kubectl, "events")
+    event = {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": "noted", "namespace": namespace},
+        "involvedObject": {"kind": "Pod", "name": "p", "namespace": namespace},
+        "reason": "Tested",
+        "message": "seen by both groups",
+        "type": "Normal",
+        "source": {"component": "tester"},
+    }
+    kubectl.apply(event)
+    (listed,) = kubectl.json("get", "events.v1.events.k8s.io", "-n", namespace)["items"]
+    assert listed["apiVersion"] == "events.k8s.io/v1"
+    assert (listed["note"], listed["regarding"]["name"], listed["deprecatedSource"]) == (
+        "seen by both groups", "p", {"component": "tester"},
+    )  # fmt: skip
+    core = kubectl.json("get", "events", "-n", namespace)["items"]
+    assert [(e["metadata"]["uid"], e["message"]) for e in core] == [
+        (listed["metadata"]["uid"], "seen by both groups")
+    ]
