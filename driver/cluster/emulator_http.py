@@ -282,6 +282,10 @@ class _Handler(BaseHTTPRequestHandler):
             if method == "GET" and route.name is None and query.get("watch") in ("true", "1"):
                 self._watch(backend, route, query)
                 return
+            if method != "GET" and self.server.write_delay_seconds > 0:
+                # What etcd adds to every write (--write-delay-ms): a bounded, deliberate wait on this
+                # connection's thread only, so writes from many clients overlap as they would.
+                time.sleep(self.server.write_delay_seconds)
             code, obj, warnings = backend.handle(method, route, query, body, self.headers)
         except StatusError as error:
             self._send_json(error.code, error.to_status())
@@ -371,8 +375,11 @@ class ThreadedHTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     block_on_close = False  # close_connections() joins instead
 
-    def __init__(self, address: tuple[str, int], backend: Backend) -> None:
+    def __init__(
+        self, address: tuple[str, int], backend: Backend, *, write_delay_seconds: float = 0.0
+    ) -> None:
         self.backend = backend
+        self.write_delay_seconds = write_delay_seconds
         self._connections: dict[socket.socket, threading.Thread] = {}
         self._connections_lock = threading.Lock()
         self._connection_ids = itertools.count(1)

@@ -91,6 +91,17 @@ class WorkQueue:
                 self._condition.wait(wait)
             return None
 
+    def take_ready(self, limit: int) -> list[str]:
+        """Up to ``limit`` more keys that are due now, without waiting (a burst decided together)."""
+        with self._condition:
+            self._promote_due()
+            taken: list[str] = []
+            while self._ready and len(taken) < limit:
+                key = self._ready.popleft()
+                self._queued.discard(key)
+                taken.append(key)
+            return taken
+
     def shut_down(self) -> None:
         with self._condition:
             self._shut_down = True
