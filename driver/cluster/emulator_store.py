@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import queue
+import re
 import secrets
 import threading
 import uuid
@@ -27,6 +28,7 @@ __all__ = [
     "Watcher",
     "conflict_error",
     "new_timestamp",
+    "utc_timestamps",
     "not_found_error",
 ]
 
@@ -125,6 +127,24 @@ def already_exists_error(rtype: ResourceType, name: str) -> StatusError:
         message=f'{rtype.qualified} "{name}" already exists',
         details=_details(rtype, name),
     )
+
+
+_OFFSET_TIME = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?)([+-]\d\d:\d\d)$")
+
+
+def utc_timestamps(obj: Any) -> Any:
+    """``obj`` with every RFC 3339 time written with an offset (``+00:00``, as Python clients send
+    them) in UTC with ``Z``, as kube-apiserver stores and serves every ``Time`` and ``MicroTime``."""
+    if isinstance(obj, dict):
+        return {key: utc_timestamps(value) for key, value in obj.items()}
+    if isinstance(obj, list):
+        return [utc_timestamps(item) for item in obj]
+    if isinstance(obj, str) and (match := _OFFSET_TIME.match(obj)):
+        moment = datetime.datetime.fromisoformat(obj).astimezone(datetime.UTC)
+        fraction = match.group(1).partition(".")[2]
+        text = moment.strftime("%Y-%m-%dT%H:%M:%S")
+        return f"{text}.{fraction}Z" if fraction else f"{text}Z"
+    return obj
 
 
 def new_timestamp() -> str:
@@ -257,7 +277,7 @@ class Store:
             }
             for transient in ("deletionTimestamp", "deletionGracePeriodSeconds"):
                 stamped["metadata"].pop(transient, None)
-            prepared = prepare(stamped)
+            prepared = utc_timestamps(prepare(stamped))
             key = _key(prepared)
             with self._lock:
                 objects = self._objects.setdefault(rtype.qualified, {})
@@ -294,7 +314,7 @@ class Store:
                 current = self._objects.get(rtype.qualified, {}).get(key)
             if current is None:
                 raise not_found_error(rtype, name)
-            new = compute(current)
+            new = utc_timestamps(compute(current))
             with self._lock:
                 objects = self._objects.get(rtype.qualified, {})
                 if objects.get(key) is not current:

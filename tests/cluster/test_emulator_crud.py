@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import urllib.request
+from typing import Any
 
 import pytest
 from kubernetes import client
@@ -291,3 +293,23 @@ def test_namespace_mismatch_is_bad_request(core: client.CoreV1Api) -> None:
     with pytest.raises(client.ApiException) as caught:
         core.create_namespaced_config_map("default", body)
     assert caught.value.status == 400
+
+
+def test_times_are_stored_in_utc_with_z(api_server: Any) -> None:
+    """Python clients send ``+00:00`` offsets; the server stores and serves ``Z``."""
+    body = {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": "timed"},
+        "spec": {"holderIdentity": "me", "renewTime": "2026-01-01T02:00:00.250000+02:00"},
+    }
+    request = urllib.request.Request(
+        f"{api_server.url}/apis/coordination.k8s.io/v1/namespaces/default/leases",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        created = json.loads(response.read())
+    assert created["spec"]["renewTime"] == "2026-01-01T00:00:00.250000Z"
+    assert created["metadata"]["creationTimestamp"].endswith("Z")
