@@ -224,6 +224,10 @@ def _build_parser() -> argparse.ArgumentParser:
         default=_env("--provisioning-class", "best-effort-atomic-scale-up.autoscaling.x-k8s.io"),
     )
     p.add_argument(
+        "--kueue-admission-check", action="store_true", default=_env_bool("--kueue-admission-check"),
+        help="answer Kueue AdmissionChecks whose controllerName is fractional.dev/placement",
+    )  # fmt: skip
+    p.add_argument(
         "--hint-profile",
         action="append",
         default=None,  # flags replace FRACTIONAL_HINT_PROFILE (comma-separated) rather than add to it
@@ -360,6 +364,7 @@ def build_controller_config(args: argparse.Namespace) -> ControllerConfig:
         metrics_host=args.metrics_host,
         provisioning_requests=args.provisioning_requests,
         provisioning_class=args.provisioning_class,
+        kueue_admission_check=args.kueue_admission_check,
         hint_profiles=tuple(args.hint_profile or _env_list("--hint-profile")),
         topology_label=args.topology_label,
         preemption=args.preemption,

@@ -120,6 +120,7 @@ class ControllerConfig:
     metrics_host: str = "0.0.0.0"
     provisioning_requests: bool = False
     provisioning_class: str = "best-effort-atomic-scale-up.autoscaling.x-k8s.io"
+    kueue_admission_check: bool = False  # serve the Kueue AdmissionCheck fractional.dev/placement
     hint_profiles: tuple[str, ...] = ()  # profile files/names for scale-up hints; empty = all shipped
     topology_label: str = "topology.kubernetes.io/zone"
     preemption: bool = True  # evict lower-priority pods for a gang that does not fit (issue 17)

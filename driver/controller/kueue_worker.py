@@ -49,7 +49,7 @@ from driver.controller.writer import ApiWriter
 from driver.errors import ConflictError, FractionalError
 from driver.kube import REQUEST_TIMEOUT_SECONDS, api_errors
 
-__all__ = ["KueueCheckSettings", "KueueAdmissionCheck"]
+__all__ = ["KueueAdmissionCheck", "KueueCheckSettings", "start_admission_check"]
 
 log = logging.getLogger(__name__)
 
@@ -430,3 +430,28 @@ class KueueAdmissionCheck:
 
 def _has_gate(pod: dict[str, Any]) -> bool:
     return bool((pod.get("spec") or {}).get("schedulingGates"))
+
+
+def start_admission_check(
+    configuration: client.Configuration, settings: KueueCheckSettings
+) -> Callable[[float], None]:
+    """Start the check and its Workload watch on their own ``ApiClient``; returns ``close(timeout)``."""
+    from driver.controller.kueue_watch import WorkloadWatch  # the watch module imports nothing of ours
+    from driver.kube import new_api_client
+
+    api = new_api_client(configuration)
+    stop = threading.Event()
+    check = KueueAdmissionCheck(api, settings, stop=stop)
+    workload_watch = WorkloadWatch(api, wake=check.wake, stop=stop)
+    check.start()
+    workload_watch.start()
+    log.info("kueue admission check started", extra={"controller_name": CONTROLLER_NAME})
+
+    def close(timeout_seconds: float) -> None:
+        stop.set()
+        check.wake.set()
+        check.join(timeout_seconds)
+        workload_watch.join(timeout_seconds)
+        api.close()  # type: ignore[no-untyped-call]  # the client is untyped
+
+    return close

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 
 from driver.config import ControllerConfig
 from driver.controller.controller import Controller
 from driver.controller.elector import Clock, LeaderElector
+from driver.controller.kueue_worker import KueueCheckSettings, start_admission_check
 from driver.controller.metrics import ControllerMetrics
 from driver.controller.reconcile import ReconcilerSettings
 from driver.controller.writer import WriteHook
@@ -48,6 +50,7 @@ def run_controller(
     configuration = load_configuration(config.kubeconfig)
     metrics = ControllerMetrics()
     controller: Controller | None = None
+    close_kueue_check: Callable[[float], None] | None = None
 
     def healthy() -> bool:
         return controller is None or controller.healthy()
@@ -93,6 +96,11 @@ def run_controller(
             metrics=metrics, write_hook=write_hook,
         )  # fmt: skip
         controller.start()
+        if config.kueue_admission_check:  # issue 14: the AdmissionCheck fractional.dev/placement
+            kueue_settings = KueueCheckSettings(
+                policy=config.policy, topology_label=config.topology_label, hint_profiles=config.hint_profiles
+            )
+            close_kueue_check = start_admission_check(configuration, kueue_settings)
         log.info("controller started", extra={"identity": config.identity, "policy": config.policy})
         if started is not None:
             started.set()
@@ -110,6 +118,8 @@ def run_controller(
             stop.wait(POLL_SECONDS)
         return 0
     finally:
+        if close_kueue_check is not None:
+            close_kueue_check(10.0)
         if controller is not None:
             controller.stop()
         elector_stop.set()

@@ -16,7 +16,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["AGENT_CODE", "CONTROLLER_CODE", "GRANTS", "Grant", "IMPLIED_BY_STATUS_WRITE"]
+__all__ = [
+    "AGENT_CODE",
+    "CONTROLLER_CODE",
+    "GRANTS",
+    "KUEUE_ADMISSION_CHECK",
+    "Grant",
+    "IMPLIED_BY_STATUS_WRITE",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,6 +263,38 @@ PROVISIONING_REQUESTS: tuple[Grant, ...] = (
         CONTROLLER_CODE,
     ),
 )
+
+_KUEUE_CHECK = ("driver/controller/kueue_worker.py", "driver/controller/kueue_watch.py")
+
+# Only with controller.kueueAdmissionCheck.enabled=true (issue 14, docs/kueue.md).
+KUEUE_ADMISSION_CHECK: tuple[Grant, ...] = (
+    Grant(
+        "controller", "cluster", "kueue.x-k8s.io", "workloads", ("list", "watch"),
+        "the admission check reads Workloads whose check is Pending or Ready "
+        "(driver/controller/kueue_worker.py, kueue_watch.py)",
+        _KUEUE_CHECK,
+    ),
+    Grant(
+        "controller", "cluster", "kueue.x-k8s.io", "workloads/status", ("update",),
+        "writes its own status.admissionChecks entry with the Workload's resourceVersion",
+        _KUEUE_CHECK,
+    ),
+    Grant(
+        "controller", "cluster", "kueue.x-k8s.io", "admissionchecks", ("list",),
+        "finds the AdmissionChecks whose spec.controllerName is fractional.dev/placement",
+        _KUEUE_CHECK,
+    ),
+    Grant(
+        "controller", "cluster", "kueue.x-k8s.io", "admissionchecks/status", ("update",),
+        "sets Active=True on them, with the resourceVersion",
+        _KUEUE_CHECK,
+    ),
+    Grant(
+        "controller", "cluster", "resource.k8s.io", "resourceclaimtemplates", ("list",),
+        "a Workload's pod sets name ResourceClaimTemplates: their claims are planned before pods exist",
+        _KUEUE_CHECK,
+    ),
+)  # fmt: skip
 
 # Synthetic subresource -> (role, the status subresource whose writes imply it, verb mapping).
 IMPLIED_BY_STATUS_WRITE = {

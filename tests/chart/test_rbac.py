@@ -17,6 +17,7 @@ from rbac_allowlist import (
     EXCLUDED_CODE,
     GRANTS,
     IMPLIED_BY_STATUS_WRITE,
+    KUEUE_ADMISSION_CHECK,
     PROVISIONING_REQUESTS,
     Grant,
 )
@@ -60,6 +61,8 @@ def _grants_for(values: dict[str, Any] | None) -> list[Grant]:
     grants = list(GRANTS)
     if (values or {}).get("controller", {}).get("provisioningRequests", {}).get("enabled"):
         grants.extend(PROVISIONING_REQUESTS)
+    if (values or {}).get("controller", {}).get("kueueAdmissionCheck", {}).get("enabled"):
+        grants.extend(KUEUE_ADMISSION_CHECK)
     return grants
 
 
@@ -142,7 +145,11 @@ KINDS = {
     "job": ("batch", "jobs"),
     "cluster_role": ("rbac.authorization.k8s.io", "clusterroles"),
 }
-CUSTOM_PLURALS = {"provisioningrequests": "autoscaling.x-k8s.io"}
+CUSTOM_PLURALS = {
+    "provisioningrequests": "autoscaling.x-k8s.io",
+    "workloads": "kueue.x-k8s.io",
+    "admissionchecks": "kueue.x-k8s.io",
+}
 VERBS = {
     "read": "get",
     "list": "list",
@@ -190,9 +197,16 @@ def _calls_in(path: Path) -> set[tuple[str, str, str]]:
         status = name.endswith("_status")
         name = name.removesuffix("_status").removesuffix("_for_all_namespaces").removeprefix("namespaced_")
         if name in ("custom_object", "cluster_custom_object"):
-            plurals = [plural for plural in CUSTOM_PLURALS if plural in text]
+            # the plural is the first known one quoted in the call's arguments (else any in the file)
+            quoted = re.search(
+                "|".join(f'"{p}"' for p in CUSTOM_PLURALS), text[match.end() : match.end() + 400]
+            )
+            plurals = [quoted.group(0).strip('"')] if quoted else [p for p in CUSTOM_PLURALS if p in text]
             assert plurals, f"{path}: custom object call with no known plural; extend CUSTOM_PLURALS"
-            found.update((CUSTOM_PLURALS[plural], plural, verb) for plural in plurals)
+            suffix = "/status" if status else ""
+            found.update((CUSTOM_PLURALS[plural], plural + suffix, verb) for plural in plurals)
+            if verb == "list" and WATCH.search(text):
+                found.update((CUSTOM_PLURALS[plural], plural, "watch") for plural in plurals)
             continue
         if name not in KINDS:
             assert f"{match.group(1)}_{match.group(2)}" not in _client_methods(), (
@@ -223,7 +237,7 @@ def _code_permissions(globs: Iterable[str]) -> dict[tuple[str, str, str], list[s
 
 
 def _all_grants() -> list[Grant]:
-    return [*GRANTS, *PROVISIONING_REQUESTS]
+    return [*GRANTS, *PROVISIONING_REQUESTS, *KUEUE_ADMISSION_CHECK]
 
 
 @pytest.mark.parametrize(("role", "globs"), [("agent", AGENT_CODE), ("controller", CONTROLLER_CODE)])
