@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from driver.controller.cache import ClusterCache, Kind
+from driver.controller.kueue import reservation_wait_reason
 from driver.controller.objects import (
     GangKey,
     allocation_node,
@@ -105,6 +106,8 @@ def plan_gang(cache: ClusterCache, key: GangKey) -> GangPlan:
     gated = tuple(p for p in pods if is_gated(p))
     if not gated:
         return GangPlan(key=key, action="idle")
+    if kueue_reason := reservation_wait_reason(gated):  # issue 14: Kueue's gate, or the check places them
+        return GangPlan(key=key, action="wait", reason=kueue_reason, gated=gated)
     invalid = tuple(
         (Kind.POD, p, reason)
         for p in gated

@@ -41,6 +41,8 @@ __all__ = [
     "decide_workload",
     "find_check",
     "foreign_gates",
+    "kueue_provisions",
+    "reservation_wait_reason",
     "quota_reserved",
     "reservation_problem",
 ]
@@ -49,6 +51,11 @@ CONTROLLER_NAME = "fractional.dev/placement"
 RESERVATION_ANNOTATION = "fractional.dev/reservation"  # "<namespace>/<workload name>"
 POD_SET_ANNOTATION = "fractional.dev/pod-set"
 KUEUE_GATES = ("kueue.x-k8s.io/admission", "kueue.x-k8s.io/topology", "kueue.x-k8s.io/elastic-job")
+# What Kueue's ProvisioningRequest check merges into the pods of the workloads it provisioned
+# (kubernetes-sigs/kueue pkg/controller/admissionchecks/provisioning: ConsumesAnnotationKey). Kueue
+# stopped setting the deprecated cluster-autoscaler.kubernetes.io twin, which our own
+# --provisioning-requests path still writes: that one is ours, not a sign of Kueue's check.
+KUEUE_PROVISIONING_ANNOTATION = "autoscaling.x-k8s.io/consume-provisioning-request"
 MAX_MESSAGE_CHARS = 32768  # the CRD's maxLength of admissionChecks[].message
 GI = 1024**3
 
@@ -57,6 +64,30 @@ def foreign_gates(pod: Mapping[str, Any]) -> list[str]:
     """Kueue's scheduling gates still on ``pod`` (we act only once ours is the last one)."""
     gates = (pod.get("spec") or {}).get("schedulingGates") or ()
     return [str(g.get("name")) for g in gates if g.get("name") in KUEUE_GATES]
+
+
+def kueue_provisions(pods: Iterable[Mapping[str, Any]]) -> bool:
+    """True when Kueue's ProvisioningRequest check already asked for nodes for these pods (their
+    ClusterQueue runs it): we then publish no ProvisioningRequest of our own for them."""
+    return any(
+        KUEUE_PROVISIONING_ANNOTATION in ((pod.get("metadata") or {}).get("annotations") or {})
+        for pod in pods
+    )
+
+
+def reservation_wait_reason(pods: Iterable[Mapping[str, Any]]) -> str:
+    """Why the generic gang path leaves these gated pods alone ('' when it need not): Kueue's gate is
+    still on one of them, or the admission check placed them (it allocates them per its plan)."""
+    for pod in pods:
+        name = (pod.get("metadata") or {}).get("name")
+        if gates := foreign_gates(pod):
+            return f"pod {name} still carries Kueue's scheduling gate {gates[0]}"
+        reservation = ((pod.get("metadata") or {}).get("annotations") or {}).get(RESERVATION_ANNOTATION)
+        if reservation:
+            return (
+                f"pod {name} is placed by the Kueue admission check (reservation of Workload {reservation})"
+            )
+    return ""
 
 
 def quota_reserved(workload: Mapping[str, Any]) -> bool:

@@ -22,6 +22,7 @@ from driver.controller.events import REASON_FAILED, EventRecorder
 from driver.controller.explain import best_node_offer, describe_demand
 from driver.controller.gangs import GangPlan, plan_gang
 from driver.controller.hints import compute_hint, existing_node_shapes, profile_shapes, render_hint
+from driver.controller.kueue import kueue_provisions
 from driver.controller.metrics import ControllerMetrics
 from driver.controller.objects import (
     HINT_ANNOTATION,
@@ -306,7 +307,7 @@ class Reconciler:
         )
         self.recorder.gang_unschedulable(plan.key, plan.gated[0], message)
         provisioning = None
-        if hint is not None and self.settings.provisioning_requests:
+        if hint is not None and self.settings.provisioning_requests and not kueue_provisions(plan.gated):
             request = self.recorder.publish_provisioning_request(
                 plan.key, list(plan.gated), self.settings.provisioning_class
             )
