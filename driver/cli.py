@@ -250,6 +250,10 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--policy", default=_env("--policy", "best-fit"))
     p.add_argument("-o", "--output", default=_env("--output", "table"))
+    p.add_argument(
+        "--kueue", action="store_true", default=_env_bool("--kueue"),
+        help="also print what Kueue v0.19 charges each gang (deviceClassMappings of docs/kueue.md)",
+    )  # fmt: skip
     _add_common(p)
 
     p = sub.add_parser("apiserver", help="run the embedded API emulator on 127.0.0.1 (a test double)")
@@ -386,7 +390,9 @@ def _run_controller(args: argparse.Namespace) -> int:
 def _run_plan(args: argparse.Namespace) -> int:
     from driver.controller.plan import run_plan
 
-    config = PlanConfig(profile=args.profile, claims=args.claims, policy=args.policy, output=args.output)
+    config = PlanConfig(
+        profile=args.profile, claims=args.claims, policy=args.policy, output=args.output, kueue=args.kueue
+    )
     print(run_plan(config))
     return 0
 

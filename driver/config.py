@@ -163,6 +163,7 @@ class PlanConfig:
     claims: str
     policy: str = "best-fit"
     output: str = "table"
+    kueue: bool = False  # also print what Kueue charges per claim and what a node counts (issue 14)
 
     def __post_init__(self) -> None:
         _check_choice("--policy", self.policy, POLICIES)

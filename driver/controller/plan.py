@@ -31,6 +31,7 @@ from driver.config import PlanConfig
 from driver.controller.decode import bounded
 from driver.controller.explain import format_bytes
 from driver.controller.hints import Hint, NodeShape, build_template, compute_hint, profile_shapes
+from driver.controller.kueue_plan import append_kueue_report
 from driver.controller.objects import GANG_LABEL, allocation_node, quantity
 from driver.errors import ConfigError
 from driver.slices import build_device_classes
@@ -279,4 +280,6 @@ def run_plan(config: PlanConfig) -> str:
     """The text ``fractional plan`` prints."""
     gangs, classes = parse_claims_file(config.claims)
     (shape,) = profile_shapes([config.profile])
-    return render_plan(compute_plan(gangs, classes, shape, policy=config.policy), config.output)
+    text = render_plan(compute_plan(gangs, classes, shape, policy=config.policy), config.output)
+    # issue 14: warn about claims Kueue refuses; with --kueue, what Kueue charges (kueue_plan.py)
+    return append_kueue_report(text, gangs, classes, shape, output=config.output, charges=config.kueue)
