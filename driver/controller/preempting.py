@@ -1,9 +1,12 @@
 """Preemption for the gangs we place (issue 17): the search wired to the cache, the nominations
 that keep freed devices for the preemptor, and the effects (evictions, conditions, Events).
 
-Runs on the worker thread. ``holding`` and ``nominated_decision`` run inside the worker's decide
-step (``cache.lock`` held, no I/O); ``preempt`` is called after a gang was found unschedulable,
-takes the lock for the search only and makes its API calls after releasing it.
+``decide_all`` runs on the decider thread inside its decide step (``cache.lock`` held, no I/O): it
+places a nominated gang on its nominated nodes and holds the nominated devices against the other
+gangs. ``preempt`` runs as the job of a gang found unschedulable, on a writer thread: it reads
+the PodDisruptionBudgets, takes ``cache.lock`` for the search and the nomination only, and makes
+its API calls (with its own ``ApiClient``) after releasing it. Its state lives under
+``cache.lock``.
 
 Effects, in order, as kube-scheduler's ``prepareCandidate`` makes them
 (``pkg/scheduler/framework/preemption/preemption.go``), through the Eviction API instead of a
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -42,6 +46,7 @@ from driver.controller.decide import (
     _group_node,
     _static_exclusions,
     allocate_groups,
+    assume_decision,
     tentative_allocations,
 )
 from driver.controller.decode import bounded
@@ -67,8 +72,9 @@ from driver.controller.preemption import (
     pod_priority,
     preemption_refusal,
 )
-from driver.errors import FractionalError, NotFoundError
-from driver.kube import REQUEST_TIMEOUT_SECONDS, api_errors
+from driver.controller.writer import HaltWrites
+from driver.errors import AllocationError, FractionalError, NotFoundError
+from driver.kube import REQUEST_TIMEOUT_SECONDS, api_errors, new_api_client
 
 __all__ = [
     "CONDITION_REASON",
@@ -165,41 +171,64 @@ def gang_priority(pods: tuple[dict[str, Any], ...]) -> int:
     return min((pod_priority(p) for p in pods), default=0)
 
 
+DecideAll = Callable[..., list[Decision | AllocationError]]
+
+
 @dataclass
 class Preemptor:
     cache: ClusterCache
-    api_client: client.ApiClient
+    configuration: client.Configuration
     identity: str = ""
+    fence: threading.Event | None = None  # set once leadership is lost: no write goes out
     clock: Callable[[], float] = time.monotonic
     nomination_seconds: float = 300.0  # victims still not gone by then: give up and back off
     backoff_seconds: float = 10.0
     backoff_max_seconds: float = 300.0
-    nominations: dict[GangKey, Nomination] = field(default_factory=dict)
-    backoff: dict[GangKey, _Backoff] = field(default_factory=dict)
-    evicted: int = 0  # victim pods evicted so far (for tests and metrics)
+    nominations: dict[GangKey, Nomination] = field(default_factory=dict)  # under cache.lock
+    backoff: dict[GangKey, _Backoff] = field(default_factory=dict)  # under cache.lock
+    evicted: int = 0  # victim pods evicted so far
     last_choice: Choice | None = None
 
-    def __post_init__(self) -> None:
-        self._core: Any = client.CoreV1Api(self.api_client)  # Any: dict bodies, raw JSON answers
-        self._policy: Any = client.PolicyV1Api(self.api_client)
+    # -- inside the decide step (decider thread, cache.lock held, no I/O) -------------------------------
 
-    # -- inside the decide step (cache.lock held, no I/O) ---------------------------------------------
+    def _held_against(self, plan: GangPlan) -> frozenset[GangKey]:
+        priority = gang_priority(plan.gated)
+        return frozenset(g for g, n in self.nominations.items() if g != plan.key and n.priority >= priority)
 
     @contextmanager
-    def holding(self, plan: GangPlan) -> Iterator[None]:
-        """Count the devices nominated to other gangs of at least this gang's priority as taken."""
-        priority = gang_priority(plan.gated)
-        pairs = [
-            pair
-            for gang, nomination in self.nominations.items()
-            if gang != plan.key and nomination.priority >= priority
-            for pair in nomination.allocations
-        ]
+    def _holding(self, gangs: frozenset[GangKey]) -> Iterator[None]:
+        """Count the devices nominated to ``gangs`` as taken for the duration of the block."""
+        pairs = [pair for gang in sorted(gangs) if gang in self.nominations
+                 for pair in self.nominations[gang].allocations]  # fmt: skip
         if not pairs:
             yield
             return
         with tentative_allocations(self.cache, pairs):
             yield
+
+    def decide_all(
+        self, plans: list[GangPlan], *, policy: str, decide_all: DecideAll
+    ) -> list[Decision | AllocationError]:
+        """``decide_all`` with the nominations in force: a nominated gang goes to its nominated nodes
+        when they have room; every other gang decides with the devices nominated to gangs of at least
+        its priority counted as taken. One entry per plan, in order."""
+        if not self.nominations:
+            return decide_all(self.cache, plans, policy=policy)
+        results: list[Decision | AllocationError | None] = [None] * len(plans)
+        by_hold: dict[frozenset[GangKey], list[int]] = {}
+        for index, plan in enumerate(plans):
+            decision = self.nominated_decision(plan, policy=policy) if plan.key in self.nominations else None
+            if decision is not None:
+                assume_decision(self.cache, decision)
+                results[index] = decision
+            else:
+                by_hold.setdefault(self._held_against(plan), []).append(index)
+        for held, indexes in by_hold.items():
+            with self._holding(held):
+                outcomes = decide_all(self.cache, [plans[i] for i in indexes], policy=policy)
+            for index, outcome in zip(indexes, outcomes, strict=True):
+                results[index] = outcome
+        return [r for r in results if r is not None]
 
     def nominated_decision(self, plan: GangPlan, *, policy: str) -> Decision | None:
         """For a nominated gang: its allocations on the nominated nodes, or None (not yet free)."""
@@ -208,7 +237,8 @@ class Preemptor:
             return None
         others = {str(n["metadata"]["name"]) for n in self.cache.objects(Kind.NODE)} - nomination.nodes
         excluded = frozenset(others) | _static_exclusions(self.cache, plan)
-        chosen = allocate_groups(self.cache, plan.groups, policy=policy, exclude_nodes=excluded)
+        with self._holding(self._held_against(plan)):
+            chosen = allocate_groups(self.cache, plan.groups, policy=policy, exclude_nodes=excluded)
         if chosen is None:
             return None
         by_claim = {str(object_key(c)): a for c, a in chosen}
@@ -216,11 +246,12 @@ class Preemptor:
         return Decision(outcome="allocated", allocations=tuple(chosen), pod_nodes=pod_nodes)
 
     def placed(self, gang: GangKey) -> None:
-        if self.nominations.pop(gang, None) is not None:
-            log.info("preemptor placed", extra={"gang": gang})
-        self.backoff.pop(gang, None)
+        with self.cache.lock:
+            if self.nominations.pop(gang, None) is not None:
+                log.info("preemptor placed", extra={"gang": gang})
+            self.backoff.pop(gang, None)
 
-    # -- after an unschedulable decision ----------------------------------------------------------
+    # -- the job of an unschedulable gang (a writer thread) -----------------------------------------
 
     def _victims_pending(self, nomination: Nomination) -> bool:
         """Victim pods still present, or their claims still allocated."""
@@ -235,46 +266,66 @@ class Preemptor:
         return False
 
     def _fail(self, gang: GangKey, why: str) -> None:
-        self.nominations.pop(gang, None)
-        state = self.backoff.setdefault(gang, _Backoff())
-        delay = min(self.backoff_max_seconds, self.backoff_seconds * (2**state.failures))
-        state.failures += 1
-        state.until = self.clock() + delay
+        with self.cache.lock:
+            self.nominations.pop(gang, None)
+            state = self.backoff.setdefault(gang, _Backoff())
+            delay = min(self.backoff_max_seconds, self.backoff_seconds * (2**state.failures))
+            state.failures += 1
+            state.until = self.clock() + delay
         log.info("preemption backs off", extra={"gang": gang, "reason": bounded(why), "delay_seconds": delay})
 
     def preempt(self, plan: GangPlan, *, policy: str) -> bool:
-        """Try to make room for an unschedulable gang; True while it waits for its victims to go."""
+        """Try to make room for an unschedulable gang; True while it waits for its victims to go
+        (the caller then says nothing more), False when it stays unschedulable."""
         gang = plan.key
-        nomination = self.nominations.get(gang)
-        if nomination is not None:
-            if self._victims_pending(nomination) and self.clock() < nomination.deadline:
+        with self.cache.lock:
+            nomination = self.nominations.get(gang)
+            pending = nomination is not None and self._victims_pending(nomination)
+            if pending and nomination is not None and self.clock() < nomination.deadline:
                 return True
+            backing_off = self.clock() < self.backoff.get(gang, _Backoff()).until
+        if nomination is not None:
             self._fail(gang, "still unschedulable after its victims were evicted")
             return False
-        if self.clock() < self.backoff.get(gang, _Backoff()).until or not plan.gated:
-            return False
-        if preemption_refusal(plan.gated) is not None:
+        if backing_off or not plan.gated or preemption_refusal(plan.gated) is not None:
             return False
         priority = gang_priority(plan.gated)
-        budgets = self._budgets()
-        with self.cache.lock, self.holding(plan):
-            claims = {str(object_key(c)): c for c in self.cache.objects(Kind.CLAIM)}
-            units = build_victim_units(self.cache.objects(Kind.POD), claims, below_priority=priority)
-            if not units:
+        with new_api_client(self.configuration) as api_client:
+            budgets = self._budgets(api_client)
+            with self.cache.lock:
+                claims = {str(object_key(c)): c for c in self.cache.objects(Kind.CLAIM)}
+                units = build_victim_units(self.cache.objects(Kind.POD), claims, below_priority=priority)
+                choice = None
+                if units:
+                    holders = device_holders(
+                        c for c in claims.values() if (c.get("status") or {}).get("allocation")
+                    )
+                    with self._holding(self._held_against(plan)):
+                        choice = choose_victims(
+                            units, fits=self._fit_check(plan, units, policy=policy), budgets=budgets,
+                            holders=holders,
+                        )  # fmt: skip
+                self.last_choice = choice
+                if choice is not None:
+                    victims = [p for u in choice.victims for p in u.pods]
+                    self.nominations[gang] = Nomination(
+                        priority=priority,
+                        pod_nodes=dict(choice.placement.pod_nodes),
+                        allocations=choice.placement.allocations,
+                        victim_pods=frozenset(str(object_key(p)) for p in victims),
+                        victim_claims=tuple(c for u in choice.victims for c in u.claims),
+                        deadline=self.clock() + self.nomination_seconds,
+                    )
+            if choice is None:
+                log.info("no preemption helps", extra={"gang": gang, "candidates": len(units)})
                 return False
-            holders = device_holders(c for c in claims.values() if (c.get("status") or {}).get("allocation"))
-            choice = choose_victims(
-                units, fits=self._fit_check(plan, units, policy=policy), budgets=budgets, holders=holders
-            )
-        self.last_choice = choice
-        if choice is None:
-            log.info("no preemption helps", extra={"gang": gang, "candidates": len(units)})
-            return False
-        return self._execute(plan, choice, priority, budgets)
+            return self._execute(client.CoreV1Api(api_client), plan, choice, budgets)
 
-    def _budgets(self) -> list[Budget]:
+    @staticmethod
+    def _budgets(api_client: client.ApiClient) -> list[Budget]:
         with api_errors("list PodDisruptionBudgets"):
-            answer = self._policy.list_pod_disruption_budget_for_all_namespaces(
+            policy: Any = client.PolicyV1Api(api_client)  # Any: raw JSON (_preload_content=False)
+            answer = policy.list_pod_disruption_budget_for_all_namespaces(
                 _request_timeout=REQUEST_TIMEOUT_SECONDS, _preload_content=False
             )
         return [parse_budget(item) for item in json.loads(answer.data).get("items") or ()]
@@ -282,6 +333,8 @@ class Preemptor:
     def _fit_check(
         self, plan: GangPlan, units: list[VictimUnit], *, policy: str
     ) -> Callable[[frozenset[str]], Placement | None]:
+        """The allocator, with the units' claims taken out of the state (restored after each call)
+        and their pods' CPU/memory taken off their nodes. Called with ``cache.lock`` held."""
         by_key = {u.key: u for u in units}
         excluded = _static_exclusions(self.cache, plan)
         nodes = {str(n["metadata"]["name"]): n for n in self.cache.objects(Kind.NODE)}
@@ -326,43 +379,41 @@ class Preemptor:
 
     # -- effects --------------------------------------------------------------------------------
 
-    def _execute(self, plan: GangPlan, choice: Choice, priority: int, budgets: list[Budget]) -> bool:
+    def _execute(self, core: Any, plan: GangPlan, choice: Choice, budgets: list[Budget]) -> bool:
         gang = plan.key
         preemptor = plan.gated[0]
         victims = [p for u in choice.victims for p in u.pods]
         ordered = sorted(victims, key=lambda p: count_violations([p], budgets)[0] == 0)  # budget risks first
-        for pod in ordered:
+        for pod in ordered:  # a dry run of every eviction: one refusal and nothing happens at all
             try:
-                self._evict(pod, dry_run=True)
+                self._evict(core, pod, dry_run=True)
             except NotFoundError:
                 continue
             except FractionalError as error:
                 message = (f"preemption for gang {gang.split('/', 1)[1]} blocked: pod "
                            f"{object_key(pod)} may not be evicted now: {bounded(error)}")  # fmt: skip
-                self._emit(preemptor, reason=EVENT_REASON_BLOCKED, message=message, event_type="Warning")
+                if choice.budgets_exceeded:
+                    message += (f"; PodDisruptionBudget(s) {', '.join(choice.budgets_exceeded)} allow no "
+                                "disruption and no cheaper choice avoids them")  # fmt: skip
                 self._fail(gang, message)
+                self._emit(
+                    core, preemptor, reason=EVENT_REASON_BLOCKED, message=message, event_type="Warning"
+                )
                 return False
         nodes = dict(choice.placement.pod_nodes)
-        self.nominations[gang] = Nomination(
-            priority=priority,
-            pod_nodes=nodes,
-            allocations=choice.placement.allocations,
-            victim_pods=frozenset(str(object_key(p)) for p in victims),
-            victim_claims=tuple(c for u in choice.victims for c in u.claims),
-            deadline=self.clock() + self.nomination_seconds,
-        )
-        self._emit(preemptor, reason=EVENT_REASON_PREEMPTING, message=self._describe(plan, choice))
+        self._emit(core, preemptor, reason=EVENT_REASON_PREEMPTING, message=self._describe(plan, choice))
         for pod in plan.gated:
             node = nodes.get(str(object_key(pod)))
             if node:
-                self._patch_status(pod, {"nominatedNodeName": node}, "nominate")
+                self._patch_status(core, pod, {"nominatedNodeName": node}, "nominate")
         preemptor_uid = preemptor["metadata"].get("uid")
         for unit in choice.victims:
             for pod in unit.pods:
                 node = (pod.get("spec") or {}).get("nodeName") or (unit.nodes[0] if unit.nodes else "")
                 try:
-                    self._patch_status(pod, {"conditions": [build_disruption_condition(preemptor)]}, "mark")
-                    self._evict(pod, dry_run=False)
+                    condition = build_disruption_condition(preemptor)
+                    self._patch_status(core, pod, {"conditions": [condition]}, "mark")
+                    self._evict(core, pod, dry_run=False)
                 except NotFoundError:
                     continue  # gone already: kube-scheduler counts that as done too
                 except FractionalError as error:
@@ -371,7 +422,7 @@ class Preemptor:
                     continue  # the nomination's deadline ends the wait if this one never goes
                 self.evicted += 1
                 message = f"Preempted by pod {preemptor_uid} on node {node}"  # kube-scheduler's words
-                self._emit(pod, reason=EVENT_REASON_PREEMPTED, message=message, related=preemptor)
+                self._emit(core, pod, reason=EVENT_REASON_PREEMPTED, message=message, related=preemptor)
         log.info(
             "preempted",
             extra={"gang": gang, "victims": len(victims),
@@ -397,7 +448,11 @@ class Preemptor:
                         f"{', '.join(choice.budgets_exceeded)}")  # fmt: skip
         return message
 
-    def _evict(self, pod: dict[str, Any], *, dry_run: bool) -> None:
+    def _check_fence(self) -> None:
+        if self.fence is not None and self.fence.is_set():
+            raise HaltWrites()
+
+    def _evict(self, core: Any, pod: dict[str, Any], *, dry_run: bool) -> None:
         meta = pod["metadata"]
         body: dict[str, Any] = {
             "apiVersion": "policy/v1",
@@ -407,29 +462,32 @@ class Preemptor:
         }
         if dry_run:
             body["deleteOptions"]["dryRun"] = ["All"]
+        self._check_fence()
         with api_errors(f"evict Pod {meta['namespace']}/{meta['name']}"):
-            self._core.create_namespaced_pod_eviction(
+            core.create_namespaced_pod_eviction(
                 meta["name"], meta["namespace"], body, _preload_content=False,
                 _request_timeout=REQUEST_TIMEOUT_SECONDS,
             )  # fmt: skip
 
-    def _patch_status(self, pod: dict[str, Any], status: dict[str, Any], what: str) -> None:
+    def _patch_status(self, core: Any, pod: dict[str, Any], status: dict[str, Any], what: str) -> None:
         meta = pod["metadata"]
+        self._check_fence()
         with api_errors(f"{what} Pod {meta['namespace']}/{meta['name']} status"):
-            self._core.patch_namespaced_pod_status(
+            core.patch_namespaced_pod_status(
                 meta["name"], meta["namespace"], {"status": status}, _content_type=STRATEGIC_MERGE_PATCH,
                 _preload_content=False, _request_timeout=REQUEST_TIMEOUT_SECONDS,
             )  # fmt: skip
 
     def _emit(
-        self, pod: dict[str, Any], *, reason: str, message: str, related: dict[str, Any] | None = None,
-        event_type: str = "Normal",
+        self, core: Any, pod: dict[str, Any], *, reason: str, message: str,
+        related: dict[str, Any] | None = None, event_type: str = "Normal",
     ) -> None:  # fmt: skip
         body = build_preemption_event(pod, reason=reason, message=message, identity=self.identity,
                                       related=related, event_type=event_type)  # fmt: skip
+        self._check_fence()
         try:
             with api_errors(f"create Event for Pod {pod['metadata']['namespace']}/{pod['metadata']['name']}"):
-                self._core.create_namespaced_event(
+                core.create_namespaced_event(
                     pod["metadata"]["namespace"], body, _preload_content=False,
                     _request_timeout=REQUEST_TIMEOUT_SECONDS,
                 )  # fmt: skip

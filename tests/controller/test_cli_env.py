@@ -48,3 +48,32 @@ def test_boolean_twins(raw: str, expected: bool, monkeypatch: pytest.MonkeyPatch
 
     monkeypatch.setenv("FRACTIONAL_LEADER_ELECT", raw)
     assert _build_parser().parse_args(["controller"]).leader_elect is expected
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "expected"),
+    [
+        ([], None, True),  # on by default
+        (["--preemption=false"], None, False),
+        (["--preemption", "off"], None, False),
+        (["--preemption"], "false", True),  # the flag beats its env twin
+        ([], "false", False),
+        ([], "1", True),
+    ],
+)
+def test_preemption_switch(
+    argv: list[str], env: str | None, expected: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from driver.cli import _build_parser, build_controller_config
+
+    if env is not None:
+        monkeypatch.setenv("FRACTIONAL_PREEMPTION", env)
+    assert build_controller_config(_build_parser().parse_args(["controller", *argv])).preemption is expected
+
+
+def test_a_bad_preemption_value_names_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    from driver.cli import _build_parser
+
+    with pytest.raises(SystemExit):
+        _build_parser().parse_args(["controller", "--preemption=sometimes"])
+    assert "--preemption" in capsys.readouterr().err
