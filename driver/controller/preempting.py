@@ -46,7 +46,6 @@ from driver.controller.decide import (
     _group_node,
     _static_exclusions,
     allocate_groups,
-    assume_decision,
     tentative_allocations,
 )
 from driver.controller.decode import bounded
@@ -214,6 +213,8 @@ class Preemptor:
         its priority counted as taken. One entry per plan, in order."""
         if not self.nominations:
             return decide_all(self.cache, plans, policy=policy)
+        from driver.controller.decide import assume_decision  # the pipelined decider's (issue 15)
+
         results: list[Decision | AllocationError | None] = [None] * len(plans)
         by_hold: dict[frozenset[GangKey], list[int]] = {}
         for index, plan in enumerate(plans):
