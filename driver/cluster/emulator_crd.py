@@ -78,6 +78,7 @@ class CustomResourceType(ResourceType):
     singular: str = ""
     columns: tuple[tuple[str, str, str, int, str], ...] = ()  # name, type, jsonPath, priority, description
     schema: StructuralSchema | None = field(default=None, compare=False, hash=False)
+    openapi_schema: Obj | None = field(default=None, compare=False, hash=False)  # as the CRD wrote it
     status_reset_on_create: bool = True  # the status subresource's strategy drops status on create
 
     def validate_custom(
@@ -205,6 +206,7 @@ def build_custom_type(crd: Obj) -> CustomResourceType | None:
         singular=str(names.get("singular") or str(names["kind"]).lower()),
         columns=columns,
         schema=StructuralSchema(schema) if schema else None,
+        openapi_schema=schema,
         status_reset_on_create=has_status,
     )
 

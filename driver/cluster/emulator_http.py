@@ -267,10 +267,10 @@ class _Handler(BaseHTTPRequestHandler):
             if method == "GET" and url.path.rstrip("/") in _HEALTH_PATHS:
                 self._send_bytes(200, b"ok", content_type="text/plain; charset=utf-8")
                 return
-            if method == "GET" and (encoded := openapi_document(url.path)) is not None:
+            custom: CustomLookup | None = getattr(backend, "custom_resources", None)
+            if method == "GET" and (encoded := openapi_document(url.path, custom.types() if custom else ())):
                 self._send_bytes(200, encoded)
                 return
-            custom: CustomLookup | None = getattr(backend, "custom_resources", None)
             served = custom.types() if custom else ()
             document = discovery_document(url.path, served) if method == "GET" else None
             if document is not None:

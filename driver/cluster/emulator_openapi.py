@@ -337,10 +337,52 @@ def _cached(path: str) -> bytes | None:
     return document
 
 
-def openapi_document(path: str) -> bytes | None:
+def openapi_document(path: str, custom: Iterable[ResourceType] = ()) -> bytes | None:
     """The encoded JSON document served at ``path`` (``/openapi/v2``, ``/openapi/v3``,
-    ``/openapi/v3/apis/resource.k8s.io/v1``), or None when nothing is served there."""
+    ``/openapi/v3/apis/resource.k8s.io/v1``), or None when nothing is served there. ``custom``:
+    kinds served through CustomResourceDefinitions; their v3 documents carry the CRD's schema."""
     path = path.rstrip("/")
     if path != OPENAPI_V2_PATH and path != OPENAPI_V3_PREFIX and not path.startswith(OPENAPI_V3_PREFIX + "/"):
         return None
+    defined = [t for t in custom if getattr(t, "openapi_schema", None) is not None]
+    if defined and path.startswith(OPENAPI_V3_PREFIX):
+        return _custom_v3(path, defined)
     return _cached(path)
+
+
+def _crd_definition_name(rtype: ResourceType) -> str:
+    """``io.x-k8s.kueue.v1beta2.ClusterQueue``: the group reversed, as the apiserver names CRD schemas."""
+    return ".".join([*reversed(rtype.group.split(".")), rtype.version, rtype.kind])
+
+
+def _custom_v3(path: str, types: list[ResourceType]) -> bytes | None:
+    """The v3 index with the CRDs' group-versions added, or one CRD group-version's document (built
+    on each request: CRDs come and go; the built-in documents stay cached)."""
+    by_group_version: dict[str, list[ResourceType]] = {}
+    for rtype in types:
+        by_group_version.setdefault(_group_version_path(rtype), []).append(rtype)
+    if path == OPENAPI_V3_PREFIX:
+        index = json.loads(_cached(path) or b"{}")
+        for group_version in by_group_version:
+            document = _custom_v3(f"{OPENAPI_V3_PREFIX}/{group_version}", types) or b""
+            digest = hashlib.sha512(document).hexdigest().upper()
+            url = f"{OPENAPI_V3_PREFIX}/{group_version}?hash={digest}"
+            index["paths"][group_version] = {"serverRelativeURL": url}
+        return json.dumps(index, separators=(",", ":")).encode()
+    served = by_group_version.get(path.removeprefix(OPENAPI_V3_PREFIX + "/"))
+    if served is None:
+        return _cached(path)
+    schemas: dict[str, Obj] = {}
+    paths: dict[str, Obj] = {}
+    for rtype in served:
+        name = _crd_definition_name(rtype)
+        schema = dict(getattr(rtype, "openapi_schema", None) or {})
+        meta = {"$ref": f"#/components/schemas/{_META}.ObjectMeta"}
+        properties = {**(schema.get("properties") or {}), "metadata": meta}
+        schemas[name] = {**schema, "properties": properties, "x-kubernetes-group-version-kind": [_gvk(rtype)]}
+        paths.update(_paths(rtype, name, v3=True))
+    for definition in _closure([*_ALWAYS, f"{_META}.ObjectMeta"]):
+        schemas[definition] = _definition(definition, v3=True)
+    info = {"title": "Kubernetes CRD Swagger", "version": "v0.1.0"}
+    built = {"openapi": "3.0.0", "info": info, "paths": paths, "components": {"schemas": schemas}}
+    return json.dumps(built, separators=(",", ":")).encode()

@@ -5,8 +5,11 @@ discovery, and deletion taking the objects along. Real HTTP, real kubernetes cli
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -212,3 +215,38 @@ def test_deleting_the_crd_stops_serving_and_removes_objects() -> None:
         with pytest.raises(ApiException) as error:
             objects.list_cluster_custom_object(GROUP, VERSION, "resourceflavors")
         assert error.value.status == 404
+
+
+KUBECTL = Path(sys.prefix) / "bin" / "kubectl"
+
+
+@pytest.mark.skipif(not KUBECTL.exists(), reason="kubectl is installed with the dev extra")
+def test_kubectl_applies_lists_and_explains_custom_resources(kueue_server: APIServer, tmp_path: Path) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kueue_server.write_kubeconfig(str(kubeconfig))
+    examples = Path(__file__).resolve().parents[2] / "examples" / "kueue"
+
+    def kubectl(*args: str) -> str:
+        done = subprocess.run(
+            [str(KUBECTL), "--kubeconfig", str(kubeconfig), *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    assert "created" in kubectl("apply", "-f", str(examples / "local-queue.yaml"))
+    listed = kubectl("get", "lq", "-A")  # short name, printer columns
+    assert listed.split("\n")[0].split() == [
+        "NAMESPACE",
+        "NAME",
+        "CLUSTERQUEUE",
+        "PENDING",
+        "WORKLOADS",
+        "ADMITTED",
+        "WORKLOADS",
+    ]
+    assert "gpu-cluster-queue" in listed
+    assert "borrowing cohort" in kubectl("explain", "clusterqueue.spec.cohortName")  # the CRD's OpenAPI
