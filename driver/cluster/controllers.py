@@ -40,6 +40,7 @@ _REQUEST_TIMEOUT_SECONDS = 10.0
 _HASH_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
 _POD_CLAIM_NAME = "resource.kubernetes.io/pod-claim-name"
 _COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
+_CLEANUP_EVERY = 5
 
 
 class _ApiError(Exception):
@@ -187,22 +188,26 @@ class ControllerManager:
     def _run(self) -> None:
         api = _Api(self._configuration)
         try:
+            tick = 0
             while not self._stop.wait(self._interval_seconds):
+                tick += 1
                 try:
-                    self.sync_once(api)
+                    # the cleanups (namespaces, garbage) every fifth round: they list every kind
+                    self.sync_once(api, cleanup=tick % _CLEANUP_EVERY == 0)
                 except Exception:  # one commented catch-all per loop: a stand-in logs and retries
                     log.warning("controller-manager sync failed", exc_info=True)
         finally:
             api.close()
 
-    def sync_once(self, api: _Api) -> None:
+    def sync_once(self, api: _Api, *, cleanup: bool = True) -> None:
         pods = api.items(_PODS)
-        self._namespaces(api)
         self._resource_claims(api, pods)
         self._deployments(api)
         self._replica_sets(api, pods)
         self._jobs(api, pods)
-        self._garbage_collect(api)
+        if cleanup:
+            self._namespaces(api)
+            self._garbage_collect(api)
 
     # namespace -----------------------------------------------------------------------------------
 
