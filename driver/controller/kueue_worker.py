@@ -194,12 +194,12 @@ class KueueAdmissionCheck:
             if entry is None or is_deleting(workload):
                 continue
             key = str(object_key(workload))
+            if entry.get("state") != "Ready":
+                self._reservations.pop(key, None)  # evicted, requeued or refused: nothing held for it
             if entry.get("state") == "Pending" and quota_reserved(workload):
                 self._plan(workload, str(entry["name"]), slices, classes, claims, nodes)
             elif entry.get("state") == "Ready":
                 self._follow(workload, entry, slices, classes, claims, nodes, pods)
-            elif key in self._reservations and entry.get("state") in ("Retry", "Rejected"):
-                del self._reservations[key]
 
     def _activate_checks(self) -> set[str]:
         names = set()
