@@ -22,6 +22,7 @@ from driver.cluster.emulator_protobuf import PROTOBUF, decode_protobuf
 from driver.cluster.emulator_store import ResourceType, StatusError, Watcher, WatchEvent
 from driver.cluster.emulator_strategy import RESOURCE_TYPES
 from driver.cluster.emulator_strategy import find_resource_type as find_builtin_type
+from driver.cluster.emulator_tables import table_version, to_table
 
 __all__ = ["Backend", "Route", "ThreadedHTTPServer", "discovery_document", "parse_route"]
 
@@ -207,6 +208,13 @@ def discovery_document(path: str, custom: tuple[ResourceType, ...] = ()) -> Obj 
     return None
 
 
+def _served_type(stored: ResourceType, obj: Obj) -> ResourceType:
+    """The type a converted watch serves (events.k8s.io Events are stored as core ones)."""
+    group, _, version = str(obj.get("apiVersion", "")).rpartition("/")
+    served = (group, version, obj.get("kind"))
+    return next((t for t in RESOURCE_TYPES if (t.group, t.version, t.kind) == served), stored)
+
+
 def _encode(obj: Any) -> bytes:
     return emulator_json.dumps(obj).encode()
 
@@ -330,6 +338,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._write_chunk(_encode({"type": "ERROR", "object": error.to_status()}) + b"\n")
             self._write_chunk(b"")
             return
+        self._watch_as_table(watcher, query)
         deadline = time.monotonic() + timeout_seconds
         try:
             self._start_stream()
@@ -361,6 +370,31 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
         finally:
             backend.close_watch(watcher)
+
+    def _watch_as_table(self, watcher: Watcher, query: dict[str, str]) -> None:
+        """``kubectl get -w`` asks for Tables: each event's object is a one-row Table, the column
+        definitions in the first one only, as kube-apiserver sends them."""
+        version = table_version(self.headers.get("Accept", ""))
+        if version is None:
+            return
+        convert = watcher.convert
+        first = [True]
+
+        def as_table(obj: Obj) -> Obj:
+            obj = convert(obj) if convert is not None else obj
+            table = to_table(
+                watcher.rtype if convert is None else _served_type(watcher.rtype, obj),
+                [obj],
+                str(obj["metadata"].get("resourceVersion", "")),
+                version=version,
+                include_object=query.get("includeObject") or "Metadata",
+            )
+            if not first[0]:
+                table["columnDefinitions"] = []
+            first[0] = False
+            return table
+
+        watcher.convert = as_table
 
     def _send_event(self, watcher: Watcher, event: WatchEvent) -> None:
         translated = watcher.translate(event)

@@ -708,3 +708,22 @@ def test_events_k8s_io_lists_the_same_events_as_core(kubectl: Kubectl) -> None:
     assert [(e["metadata"]["uid"], e["message"]) for e in core] == [
         (listed["metadata"]["uid"], "seen by both groups")
     ]
+
+
+def test_get_watch_prints_rows_in_the_same_columns(kubectl: Kubectl) -> None:
+    namespace = _namespace(kubectl, "watch")
+    kubectl.apply(_config_map("first", namespace))
+    env = {key: value for key, value in os.environ.items() if not key.startswith("KUBE")}
+    env.update(KUBECONFIG=str(kubectl.kubeconfig), HOME=str(kubectl.cache_dir))
+    with subprocess.Popen(
+        [str(kubectl.binary), "--cache-dir", str(kubectl.cache_dir), "get", "configmaps", "-n", namespace,
+         "--watch", "--request-timeout=3s"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    ) as watching:  # fmt: skip
+        kubectl.apply(_config_map("second", namespace, one="1", two="2"))
+        stdout, _ = watching.communicate(timeout=KUBECTL_TIMEOUT_SECONDS)
+    lines = [_columns(line) for line in stdout.splitlines() if line.strip()]
+    assert lines[0] == ["NAME", "DATA", "AGE"]
+    assert all(cells[0] != "NAME" for cells in lines[1:])  # one header: watch events are Table rows too
+    rows = {cells[0]: cells[1] for cells in lines[1:]}
+    assert rows == {"first": "1", "second": "2"}
