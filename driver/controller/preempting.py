@@ -292,7 +292,11 @@ class Preemptor:
             return False
         priority = gang_priority(plan.gated)
         with new_api_client(self.configuration) as api_client:
-            budgets = self._budgets(api_client)
+            try:
+                budgets = self._budgets(api_client)
+            except FractionalError as error:  # cannot tell which victims a budget protects: not now
+                self._fail(gang, f"cannot read PodDisruptionBudgets: {bounded(error)}")
+                return False
             with self.cache.lock:
                 claims = {str(object_key(c)): c for c in self.cache.objects(Kind.CLAIM)}
                 units = build_victim_units(self.cache.objects(Kind.POD), claims, below_priority=priority)
