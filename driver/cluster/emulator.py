@@ -10,7 +10,7 @@ concurrency (a stale ``resourceVersion`` gets 409). Written objects are validate
 official JSON schemas (strict) plus the DRA server-side rules we depend on.
 
 Also, as kube-apiserver: OpenAPI v2/v3 documents (``emulator_openapi``), Table answers
-(``emulator_tables``), dry runs, ``fieldValidation``, server-side apply with managed fields
+(``emulator_tables``, watches too), dry runs, ``fieldValidation``, server-side apply with managed fields
 (``emulator_apply``), protobuf request bodies (``emulator_protobuf``), namespace lifecycle
 (NamespaceLifecycle admission, ``Terminating``, ``/finalize``), pod update rules
 (``emulator_core_rules``), self-reviews and evictions. The controllers that act on objects
@@ -19,7 +19,7 @@ Also, as kube-apiserver: OpenAPI v2/v3 documents (``emulator_openapi``), Table a
 
 Not emulated: authentication and authorization (every request is the loopback admin), admission
 webhooks and policies, pagination (``limit`` is ignored), graceful pod deletion, protobuf answers
-(clients that send protobuf accept JSON back), watches as Tables.
+(clients that send protobuf accept JSON back).
 
 Threads: one named ``apiserver`` accept thread and one named thread per connection; a watch holds
 its connection's thread until it times out, its client goes away or ``stop()`` ends it.
