@@ -259,12 +259,16 @@ def _build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("apiserver", help="run the embedded API emulator on 127.0.0.1 (a test double)")
     p.add_argument("--port", type=int, default=_env_int("--port", 0))
     p.add_argument("--write-kubeconfig", default=_env("--write-kubeconfig", None))
+    p.add_argument("--write-delay-ms", type=int, default=_env_int("--write-delay-ms", 0),
+                   help="added to every write, as etcd would (e.g. 10)")  # fmt: skip
     _add_common(p)
 
     p = sub.add_parser("demo", help="the whole system on one machine: no cluster, no GPU")
     p.add_argument("--scenario", default=_env("--scenario", "full"), help="full | small")
     p.add_argument("--keep-running", action="store_true", default=_env_bool("--keep-running"))
     p.add_argument("--output-dir", default=_env("--output-dir", "demo-output"))
+    p.add_argument("--write-delay-ms", type=int, default=_env_int("--write-delay-ms", 0),
+                   help="the embedded API adds it to every write, as etcd would")  # fmt: skip
     _add_common(p, default_level="warning")  # the demo talks through its progress lines
 
     p = sub.add_parser("status", help="the cluster's GPUs: shares, memory and compute allocated, which pods")
@@ -415,9 +419,11 @@ def _run_apiserver(args: argparse.Namespace) -> int:
     _require_demo_extra("apiserver")
     from driver.cluster.emulator import APIServer
 
-    config = ApiServerConfig(port=args.port, write_kubeconfig=args.write_kubeconfig)
+    config = ApiServerConfig(
+        port=args.port, write_kubeconfig=args.write_kubeconfig, write_delay_ms=args.write_delay_ms
+    )
     stop = _stop_event_on_signals()
-    server = APIServer(host=config.host, port=config.port)
+    server = APIServer(host=config.host, port=config.port, write_delay_ms=config.write_delay_ms)
     server.start()
     try:
         print(f"embedded API serving on {server.url}", flush=True)
@@ -434,7 +440,10 @@ def _run_demo(args: argparse.Namespace) -> int:
     _require_demo_extra("demo")
     from driver.demo import run_demo
 
-    config = DemoConfig(scenario=args.scenario, keep_running=args.keep_running, output_dir=args.output_dir)
+    config = DemoConfig(
+        scenario=args.scenario, keep_running=args.keep_running, output_dir=args.output_dir,
+        write_delay_ms=args.write_delay_ms,
+    )  # fmt: skip
     return run_demo(config, _stop_event_on_signals(), out=sys.stdout)
 
 

@@ -45,6 +45,11 @@ def _check_positive(flag: str, value: float) -> None:
         raise ConfigError(field=f"{flag} ({env_name(flag)})", problem=f"{value} is not a positive number")
 
 
+def _check_write_delay(flag: str, value: int) -> None:
+    if not 0 <= value <= 60_000:
+        raise ConfigError(field=f"{flag} ({env_name(flag)})", problem=f"{value} is outside 0..60000 ms")
+
+
 def _check_port(flag: str, value: int) -> None:
     if not 0 <= value <= 65535:
         raise ConfigError(field=f"{flag} ({env_name(flag)})", problem=f"{value} is outside 0..65535")
@@ -175,9 +180,11 @@ class ApiServerConfig:
     host: str = "127.0.0.1"
     port: int = 0
     write_kubeconfig: str | None = None
+    write_delay_ms: int = 0  # added to every write, as etcd would
 
     def __post_init__(self) -> None:
         _check_port("--port", self.port)
+        _check_write_delay("--write-delay-ms", self.write_delay_ms)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -185,9 +192,11 @@ class DemoConfig:
     scenario: str = "full"  # "full" or "small" (tests)
     keep_running: bool = False
     output_dir: str = "demo-output"
+    write_delay_ms: int = 0  # the embedded API adds it to every write, as etcd would
 
     def __post_init__(self) -> None:
         _check_choice("--scenario", self.scenario, ("full", "small"))
+        _check_write_delay("--write-delay-ms", self.write_delay_ms)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -110,8 +110,10 @@ class APIServer:
         *,
         disabled_features: frozenset[str] | set[str] = frozenset(),
         history_limit: int = 1000,
+        write_delay_ms: int = 0,
     ) -> None:
         self._address = (host, port)
+        self._write_delay_seconds = write_delay_ms / 1000  # added to every write, as etcd would
         self._store = Store(history_limit=history_limit)
         self._validator = ObjectValidator(disabled_features=frozenset(disabled_features))
         self.custom_resources = CustomResources(self._store)  # kinds served through CRDs
@@ -133,7 +135,7 @@ class APIServer:
     def start(self) -> None:
         if self._httpd is not None:
             raise RuntimeError("APIServer already started")
-        self._httpd = ThreadedHTTPServer(self._address, self)
+        self._httpd = ThreadedHTTPServer(self._address, self, write_delay_seconds=self._write_delay_seconds)
         self._address = (self._address[0], int(self._httpd.server_address[1]))
         self._serve_thread = threading.Thread(
             target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, name="apiserver", daemon=True

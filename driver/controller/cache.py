@@ -66,6 +66,9 @@ class ClusterCache:
         # UIDs seen deleted: a write's answer that arrives after the watch's DELETED must not bring
         # the object back (the worker assumes what it wrote). Bounded, oldest forgotten first.
         self._deleted_uids: OrderedDict[str, None] = OrderedDict()
+        # Allocations decided but not yet seen written (the writers are behind): the allocator
+        # counts these versions until the server's version carries an allocation, or we forget them.
+        self._assumed: dict[ObjectKey, dict[str, Any]] = {}
 
     # -- updates (watchers, and the worker's assume step) ------------------------------------------
 
@@ -145,6 +148,12 @@ class ClusterCache:
         elif kind is Kind.CLAIM:
             if old is not None and _uid(old) != _uid(obj):
                 self.state.remove_claim(_uid(old))
+            assumed = self._assumed.get(key)
+            if assumed is not None:
+                if _uid(assumed) == _uid(obj) and not (obj.get("status") or {}).get("allocation"):
+                    self.state.upsert_claim(assumed)  # our allocation is still on its way
+                    return
+                del self._assumed[key]  # the server's version wins from here on
             self.state.upsert_claim(obj)
         elif kind is Kind.NODE:
             self.state.upsert_node(str(obj["metadata"]["name"]), dict(obj["metadata"].get("labels") or {}))
@@ -157,6 +166,9 @@ class ClusterCache:
         elif kind is Kind.CLASS:
             self.state.remove_class(str(old["metadata"]["name"]))
         elif kind is Kind.CLAIM:
+            assumed = self._assumed.pop(key, None)
+            if assumed is not None and _uid(assumed) != _uid(old):
+                self.state.remove_claim(_uid(assumed))
             self.state.remove_claim(_uid(old))
         elif kind is Kind.NODE:
             self.state.remove_node(str(old["metadata"]["name"]))
@@ -208,6 +220,37 @@ class ClusterCache:
             requests = pod_requests(pod)
             self._bound[key] = (node, requests)
             self._usage[node] = self._usage[node] + requests
+
+    def assume_allocations(self, pairs: list[tuple[dict[str, Any], dict[str, Any]]]) -> None:
+        """Count each (claim, allocation) as allocated now, before the writers have written it."""
+        with self.lock:
+            for claim, allocation in pairs:
+                assumed = {**claim, "status": {**(claim.get("status") or {}), "allocation": allocation}}
+                self._assumed[object_key(claim)] = assumed
+                self.state.upsert_claim(assumed)
+
+    def forget_assumed(self, claim_keys: list[str]) -> None:
+        """Stop counting what we assumed for these claims (their writes failed): back to the server's."""
+        with self.lock:
+            for claim_key in claim_keys:
+                assumed = self._assumed.pop(ObjectKey(claim_key), None)
+                if assumed is None:
+                    continue
+                current = self._objects[Kind.CLAIM].get(ObjectKey(claim_key))
+                if current is None or _uid(current) != _uid(assumed):
+                    self.state.remove_claim(_uid(assumed))
+                if current is not None:
+                    self.state.upsert_claim(current)
+
+    def claim_as_counted(self, claim_key: str) -> dict[str, Any] | None:
+        """The claim as the allocator counts it: our assumed version while one is in flight."""
+        with self.lock:
+            key = ObjectKey(claim_key)
+            return self._assumed.get(key) or self._objects[Kind.CLAIM].get(key)
+
+    def forget_placement(self, pod_key: str) -> None:
+        with self.lock:
+            self._drop_placement(ObjectKey(pod_key))
 
     def assume_placement(self, pod_key: str, node: str, requests: Resources) -> None:
         """Count a pod we ungated on ``node`` until kube-scheduler binds it (or it goes away)."""

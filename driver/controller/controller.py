@@ -1,5 +1,6 @@
-"""The allocation controller: five watchers fill the cache and enqueue keys; ONE worker takes keys
-off the queue and reconciles them (``reconcile.py``).
+"""The allocation controller: five watchers fill the cache and enqueue keys; ONE decider thread
+takes the keys due (up to ``BATCH_KEYS`` at once, so a burst is decided together) and decides them
+(``reconcile.py``); a bounded pool of writer threads makes the writes (``pipeline.py``).
 
 Keys are ``gang:<namespace>/<gang>`` and ``claim:<namespace>/<name>``. A gang that did not fit is
 queued again when capacity may have grown (a slice, node or class changed, a claim lost its
@@ -11,6 +12,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from kubernetes import client
@@ -30,19 +33,18 @@ from driver.controller.objects import (
     object_key,
     pod_claim_refs,
 )
-from driver.controller.reconcile import Reconciler, ReconcilerSettings
+from driver.controller.pipeline import Job, WritePool, Writers
+from driver.controller.reconcile import CLAIM_PREFIX, GANG_PREFIX, Reconciler, ReconcilerSettings
 from driver.controller.watch import Watcher
 from driver.controller.workqueue import WorkQueue
 from driver.controller.writer import ApiWriter, HaltWrites, WriteHook
-from driver.errors import FractionalError
 from driver.kube import new_api_client
 
 __all__ = ["Controller"]
 
 log = logging.getLogger(__name__)
 
-GANG_PREFIX = "gang:"
-CLAIM_PREFIX = "claim:"
+BATCH_KEYS = 64  # keys decided in one pass when that many are due (a burst)
 WATCH_ORDER = (Kind.CLASS, Kind.NODE, Kind.SLICE, Kind.CLAIM, Kind.POD)  # pods last: they reference the rest
 
 
@@ -50,6 +52,32 @@ def _node_view(node: dict[str, Any] | None) -> Any:
     if node is None:
         return None
     return (node["metadata"].get("labels"), node.get("spec"), (node.get("status") or {}).get("allocatable"))
+
+
+class _InlineWriters:
+    """``write_workers=0``: each job runs on the decider thread itself, as before the pipeline
+    (kept as the baseline the bench compares against)."""
+
+    def __init__(self, configuration: client.Configuration, identity: str, fence: threading.Event,
+                 hook: WriteHook | None, on_halt: Callable[[], None]) -> None:  # fmt: skip
+        self._api_client = new_api_client(configuration)
+        self._writers = Writers(
+            writer=ApiWriter(self._api_client, hook=hook, fence=fence),
+            recorder=EventRecorder(self._api_client, identity=identity),
+        )
+        self._on_halt = on_halt
+
+    def run(self, job: Job) -> bool:
+        try:
+            job(self._writers)
+        except HaltWrites:
+            self._on_halt()
+        except Exception:  # a bug in a job: logged once, as a writer thread would
+            log.exception("write job failed")
+        return True
+
+    def close(self) -> None:
+        self._api_client.close()  # type: ignore[no-untyped-call]
 
 
 class Controller:
@@ -64,6 +92,9 @@ class Controller:
         watch_timeout_seconds: int = 60,
         resync_seconds: float = 30.0,
         metrics_refresh_seconds: float = 2.0,
+        write_workers: int = 16,
+        write_queue: int = 64,
+        batch_keys: int = BATCH_KEYS,
     ) -> None:
         self._configuration = configuration
         self.settings = settings
@@ -94,6 +125,11 @@ class Controller:
         self.reconciler: Reconciler | None = None
         self.halted = threading.Event()
         self.fence = threading.Event()  # set when this replica may no longer write (leadership lost)
+        self._decider_stop = threading.Event()  # the stop event, or a halt
+        self._write_workers = write_workers  # 0: the decider writes itself (the old sequential path)
+        self._batch_keys = batch_keys
+        self._write_queue = write_queue
+        self.pool: WritePool | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------------
 
@@ -108,6 +144,7 @@ class Controller:
 
     def stop(self, timeout_seconds: float = 10.0) -> None:
         self.stop_event.set()
+        self._decider_stop.set()
         self.queue.shut_down()
         for watcher in self.watchers:
             watcher.interrupt()
@@ -117,7 +154,8 @@ class Controller:
                 thread.join(max(0.0, deadline - time.monotonic()))
 
     def healthy(self) -> bool:
-        return self._worker.is_alive() and all(w.is_alive() for w in self.watchers)
+        pool_alive = self.pool is None or self.pool.alive() or self.halted.is_set()
+        return self._worker.is_alive() and pool_alive and all(w.is_alive() for w in self.watchers)
 
     @property
     def latencies(self) -> list[float]:
@@ -210,18 +248,32 @@ class Controller:
         self.metrics.observe_capacity(free, share_memory_requests(pending_claims))
         self.metrics.observe_fragmentation(free, slices, [str(g) for g in gangs], now=time.monotonic())
 
+    def _halt(self) -> None:
+        """A write raised HaltWrites: stop writing everywhere, as a killed process would."""
+        self.fence.set()
+        self.halted.set()
+        self._decider_stop.set()
+
     def _run_worker(self) -> None:
-        api_client = new_api_client(self._configuration)
+        pool = WritePool(
+            configuration=self._configuration, workers=self._write_workers, capacity=self._write_queue,
+            identity=self.identity, fence=self.fence, hook=self._write_hook, on_halt=self._halt,
+        )  # fmt: skip
+        self.pool = pool
+        inline = _InlineWriters(self._configuration, self.identity, self.fence, self._write_hook, self._halt)
+        submit = inline.run if self._write_workers == 0 else partial(pool.submit, stop=self._decider_stop)
         self.reconciler = Reconciler(
             cache=self.cache,
-            writer=ApiWriter(api_client, hook=self._write_hook, fence=self.fence),
-            recorder=EventRecorder(api_client, identity=self.identity),
             metrics=self.metrics,
             settings=self.settings,
             capacity_generation=self.capacity_generation,
+            submit=submit,
+            requeue=self.queue.add,
+            requeue_later=self.queue.add_rate_limited,
             capacity_freed=self._bump_capacity,
             gate_seen=self._gate_seen,
         )
+        pool.start()
         try:
             for watcher in self.watchers:  # decide only on a complete view
                 while not watcher.synced.wait(0.1):
@@ -230,7 +282,7 @@ class Controller:
             self._resync()
             next_resync = time.monotonic() + self._resync_seconds
             next_metrics = time.monotonic()
-            while not self.stop_event.is_set():
+            while not self._decider_stop.is_set():
                 now = time.monotonic()
                 if now >= next_metrics:
                     self.refresh_metrics()
@@ -241,32 +293,30 @@ class Controller:
                 key = self.queue.get(timeout_seconds=max(0.01, min(next_resync, next_metrics) - now))
                 if key is None:
                     continue
-                self._process(key)
-        except HaltWrites:
-            log.warning("worker halted before a write (leadership lost, or a test's simulated crash)")
-            self.halted.set()
+                self._process([key, *self.queue.take_ready(self._batch_keys - 1)])
+            if self.halted.is_set():
+                log.warning("decider halted (leadership lost, or a test's simulated crash)")
         finally:
-            api_client.close()  # type: ignore[no-untyped-call]
+            pool.stop(timeout_seconds=10.0)
+            inline.close()
 
-    def _process(self, key: str) -> None:
+    def _process(self, keys: list[str]) -> None:
+        """One pass of the decider over the keys due now; gangs are decided together."""
         assert self.reconciler is not None
+        gangs = [GangKey(k[len(GANG_PREFIX) :]) for k in keys if k.startswith(GANG_PREFIX)]
+        reconciler = self.reconciler
+        for key in keys:
+            if key.startswith(CLAIM_PREFIX):
+                self._guarded([key], partial(reconciler.reconcile_claim, key[len(CLAIM_PREFIX) :]))
+        if gangs:
+            self._guarded([GANG_PREFIX + g for g in gangs], lambda: reconciler.reconcile_gangs(gangs))
+
+    def _guarded(self, keys: list[str], decide: Callable[[], None]) -> None:
         try:
-            if key.startswith(GANG_PREFIX):
-                again = self.reconciler.reconcile_gang(GangKey(key[len(GANG_PREFIX) :]))
-                if again:
-                    self.queue.add(key)
-            else:
-                self.reconciler.reconcile_claim(key[len(CLAIM_PREFIX) :])
-            self.queue.forget(key)
-        except HaltWrites:
-            raise
-        except FractionalError as error:  # 409, 5xx, refused, rejected: back off and decide again
-            delay = self.queue.add_rate_limited(key)
-            self.metrics.decisions.labels(outcome="retry").inc()
-            log.info(
-                "requeued",
-                extra={"key": bounded(key), "error": bounded(error), "delay_seconds": round(delay, 3)},
-            )
+            decide()
+            for key in keys:
+                self.queue.forget(key)
         except Exception:  # a bug: log it once with its traceback, back off, keep serving the other keys
-            log.exception("reconcile failed", extra={"key": bounded(key)})
-            self.queue.add_rate_limited(key)
+            log.exception("decision failed", extra={"keys": bounded(", ".join(keys))})
+            for key in keys:
+                self.queue.add_rate_limited(key)

@@ -11,12 +11,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from driver.allocator import GroupAllocationError
 from driver.controller.cache import ClusterCache, Kind
 from driver.controller.gangs import GangPlan, PodGroup
 from driver.controller.nodefit import node_rejection
 from driver.controller.objects import Resources, allocation_node, node_allocatable, object_key, pod_requests
+from driver.errors import AllocationError
 
-__all__ = ["Decision", "allocate_groups", "decide", "tentative_allocations"]
+__all__ = ["Decision", "allocate_groups", "assume_decision", "decide", "decide_all", "tentative_allocations"]
 
 MAX_NODE_FIT_ATTEMPTS = 8
 
@@ -44,7 +46,7 @@ def tentative_allocations(
         yield
     finally:
         for claim in added:
-            current = cache.get(Kind.CLAIM, str(object_key(claim)))
+            current = cache.claim_as_counted(str(object_key(claim)))
             cache.state.upsert_claim(current if current is not None else claim)
 
 
@@ -112,6 +114,32 @@ def _group_node(group: PodGroup, allocations: dict[str, dict[str, Any]]) -> str 
     return None
 
 
+def _node_fit(
+    cache: ClusterCache,
+    plan: GangPlan,
+    chosen: list[tuple[dict[str, Any], dict[str, Any]]],
+    nodes: dict[str, dict[str, Any]],
+) -> tuple[list[tuple[dict[str, Any], str | None]], str | None, str]:
+    """Each pod's node, and the first node whose CPU/memory/pods it overflows (with the shortfall)."""
+    by_claim = {str(object_key(c)): a for c, a in chosen}
+    usage: dict[str, Resources] = {}
+    pod_nodes: list[tuple[dict[str, Any], str | None]] = []
+    for group in plan.groups:
+        node = _group_node(group, by_claim)
+        for pod in group.pods:
+            pod_nodes.append((pod, node))
+            if node is None or node not in nodes:
+                continue
+            requests = pod_requests(pod)
+            if node not in usage:
+                usage[node] = cache.node_usage(node)
+            free = node_allocatable(nodes[node]) - usage[node]
+            if not requests.fits_within(free):
+                return pod_nodes, node, f"{node}: {requests.shortfall(free)}"
+            usage[node] = usage[node] + requests
+    return pod_nodes, None, ""
+
+
 def decide(cache: ClusterCache, plan: GangPlan, *, policy: str) -> Decision:
     """Node usage counts bound pods and pods we ungated that kube-scheduler has not bound yet."""
     excluded = set(_static_exclusions(cache, plan))
@@ -124,30 +152,78 @@ def decide(cache: ClusterCache, plan: GangPlan, *, policy: str) -> Decision:
             if last_shortfall:
                 reason += f" on nodes with room for the pods ({last_shortfall})"
             return Decision(outcome="unschedulable", reason=reason)
-        by_claim = {str(object_key(c)): a for c, a in chosen}
-        usage: dict[str, Resources] = {}
-        pod_nodes: list[tuple[dict[str, Any], str | None]] = []
-        misfit: str | None = None
-        for group in plan.groups:
-            node = _group_node(group, by_claim)
-            for pod in group.pods:
-                pod_nodes.append((pod, node))
-                if node is None or node not in nodes:
-                    continue
-                requests = pod_requests(pod)
-                if node not in usage:
-                    usage[node] = cache.node_usage(node)
-                free = node_allocatable(nodes[node]) - usage[node]
-                if not requests.fits_within(free):
-                    misfit = node
-                    last_shortfall = f"{node}: {requests.shortfall(free)}"
-                    break
-                usage[node] = usage[node] + requests
-            if misfit:
-                break
+        pod_nodes, misfit, shortfall = _node_fit(cache, plan, chosen, nodes)
         if misfit is None:
             return Decision(outcome="allocated", allocations=tuple(chosen), pod_nodes=tuple(pod_nodes))
+        last_shortfall = shortfall
         excluded.add(misfit)
     return Decision(
         outcome="unschedulable", reason=f"pods do not fit the nodes' CPU/memory ({last_shortfall})"
     )
+
+
+def assume_decision(cache: ClusterCache, decision: Decision) -> None:
+    """Count an allocated decision at once (devices, and the pods' CPU/memory on their nodes), so the
+    next decision sees it while the writers are still writing it."""
+    cache.assume_allocations(list(decision.allocations))
+    for pod, node in decision.pod_nodes:
+        if node:
+            cache.assume_placement(str(object_key(pod)), node, pod_requests(pod))
+
+
+def decide_all(
+    cache: ClusterCache, plans: list[GangPlan], *, policy: str
+) -> list[Decision | AllocationError]:
+    """Decide ready gangs together (the caller holds ``cache.lock``); each allocated decision is
+    assumed before the next is made. Gangs whose pods are not pinned to a node by an earlier
+    allocation are placed in one ``allocate_many`` call (a burst packs better decided together);
+    a gang that did not fit there, or whose pods overflow a node's CPU/memory, is decided again on
+    its own afterwards. One entry per plan, in order: a Decision, or the fatal AllocationError."""
+    results: list[Decision | AllocationError | None] = [None] * len(plans)
+    batch = [i for i, plan in enumerate(plans) if not any(g.pinned_node or g.conflict for g in plan.groups)]
+    if len(batch) > 1:
+        nodes = {str(n["metadata"]["name"]): n for n in cache.objects(Kind.NODE)}
+        while batch:
+            groups, pod_groups, excludes = [], [], []
+            for index in batch:
+                claims: list[dict[str, Any]] = []
+                members: list[list[int]] = []
+                for group in plans[index].groups:
+                    if group.pending_claims:
+                        members.append(list(range(len(claims), len(claims) + len(group.pending_claims))))
+                        claims.extend(group.pending_claims)
+                groups.append(claims)
+                pod_groups.append(members)
+                excludes.append(_static_exclusions(cache, plans[index]))
+            try:
+                placed = cache.state.allocate_many(
+                    groups, node=None, policy=policy, pod_groups=pod_groups, exclude_nodes=excludes
+                )
+            except GroupAllocationError as error:
+                results[batch[error.group]] = error.cause
+                del batch[error.group]
+                continue
+            for index, claims, allocations in zip(batch, groups, placed, strict=True):
+                if allocations is None:
+                    continue  # decided on its own below, after the others are counted
+                chosen = list(zip(claims, allocations, strict=True))
+                pod_nodes, misfit, _ = _node_fit(cache, plans[index], chosen, nodes)
+                if misfit is None:
+                    decision = Decision(
+                        outcome="allocated", allocations=tuple(chosen), pod_nodes=tuple(pod_nodes)
+                    )
+                    assume_decision(cache, decision)
+                    results[index] = decision
+            break
+    for index, plan in enumerate(plans):
+        if results[index] is not None:
+            continue
+        try:
+            decision = decide(cache, plan, policy=policy)
+        except AllocationError as error:
+            results[index] = error
+            continue
+        if decision.outcome == "allocated":
+            assume_decision(cache, decision)
+        results[index] = decision
+    return [r for r in results if r is not None]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import threading
 from datetime import UTC, datetime
 from typing import Any
 
@@ -23,6 +24,7 @@ __all__ = [
     "REASON_FAILED",
     "REASON_REJECTED",
     "REASON_UNSCHEDULABLE",
+    "EventMemory",
     "EventRecorder",
     "build_pod_template",
     "build_provisioning_request",
@@ -111,30 +113,56 @@ def build_provisioning_request(
     return request, templates
 
 
-class EventRecorder:
-    """Runs on the worker thread with the worker's ``ApiClient``."""
+class EventMemory:
+    """The last message said about each gang or object, shared by every writer thread's recorder
+    (owns its lock): the same message is said once, whichever writer says it."""
 
-    def __init__(self, api_client: client.ApiClient, *, identity: str) -> None:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last: dict[str, str] = {}
+
+    def claim(self, key: str, message: str) -> bool:
+        """True (and remembered) when ``message`` is new for ``key``."""
+        with self._lock:
+            if self._last.get(key) == message:
+                return False
+            self._last[key] = message
+            return True
+
+    def forget(self, key: str, message: str | None = None) -> None:
+        with self._lock:
+            if message is None or self._last.get(key) == message:
+                self._last.pop(key, None)
+
+
+class EventRecorder:
+    """Runs on a writer thread with that thread's ``ApiClient``; ``memory`` is shared by all."""
+
+    def __init__(
+        self, api_client: client.ApiClient, *, identity: str, memory: EventMemory | None = None
+    ) -> None:
         self._core: Any = client.CoreV1Api(
             api_client
         )  # Any: we send dicts and read raw JSON (_preload_content=False)
         self._custom: Any = client.CustomObjectsApi(api_client)
         self._identity = identity or COMPONENT
-        self._last_message: dict[GangKey, str] = {}
-        self._rejected: dict[str, str] = {}  # object UID -> message already emitted
+        self._memory = memory or EventMemory()
         self.emitted = 0
 
     def forget(self, gang: GangKey) -> None:
-        self._last_message.pop(gang, None)
+        self._memory.forget(f"gang:{gang}")
 
     def gang_unschedulable(
         self, gang: GangKey, pod: dict[str, Any], message: str, *, reason: str = REASON_UNSCHEDULABLE
     ) -> bool:
         """Emit the gang's Event unless the same message was the last one; True when emitted."""
-        if self._last_message.get(gang) == message:
+        if not self._memory.claim(f"gang:{gang}", message):
             return False
-        self._emit(pod, reason=reason, message=message)
-        self._last_message[gang] = message
+        try:
+            self._emit(pod, reason=reason, message=message)
+        except BaseException:
+            self._memory.forget(f"gang:{gang}", message)  # not said: say it next time
+            raise
         log.info(
             "gang event emitted", extra={"gang": gang, "reason": reason, "event_message": bounded(message)}
         )
@@ -149,10 +177,13 @@ class EventRecorder:
         message = (
             f"{what} {meta.get('namespace')}/{meta.get('name')}: {problem}; the controller leaves it alone"
         )
-        if self._rejected.get(uid) == message:
+        if not self._memory.claim(f"uid:{uid}", message):
             return False
-        self._emit(obj, reason=REASON_REJECTED, message=message, kind=what)
-        self._rejected[uid] = message
+        try:
+            self._emit(obj, reason=REASON_REJECTED, message=message, kind=what)
+        except BaseException:
+            self._memory.forget(f"uid:{uid}", message)
+            raise
         log.warning("object rejected", extra={"resource": resource, "object": f"{meta.get('namespace')}/"
                     f"{meta.get('name')}", "reason": bounded(problem)})  # fmt: skip
         return True

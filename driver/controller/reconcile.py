@@ -1,9 +1,20 @@
-"""The worker's two jobs: reconcile a gang (allocate, ungate, release a half-done one, explain
-why it does not fit) and reconcile one of our claims (release it, notice a vanished allocation).
+"""The decider and the jobs it hands to the writers (issue 15: a pipelined write path).
 
-Runs on the one worker thread. Decisions are made under ``cache.lock`` (no I/O); writes happen
-after it is released. Whatever the worker writes it also applies to the cache at once ("assume"),
-so the next decision already counts it even before the watch event arrives.
+The decider (the one worker thread) takes keys off the queue, several at a time when they are
+there, and decides under ``cache.lock`` with no I/O: ready gangs are decided together
+(``decide_all``), and each allocation is assumed into the cache at once, so the next decision
+counts it. Every write then goes to the bounded pool of writers as one job per gang or claim:
+
+- a gang's job writes our finalizer and the allocation of each claim, re-checks that no claim or
+  pod was deleted meanwhile, then removes the gates (the commit point): in that order, on one
+  writer thread;
+- a failed write undoes exactly that gang: what its job wrote is cleared, what the decider assumed
+  is forgotten, and the gang is queued again with backoff; other gangs go on (a 409 on one never
+  blocks another);
+- while a job runs, its gang and claims are busy: a key that touches them waits and is queued again
+  when the job ends, so no decision is made on a half-written gang.
+
+Every write checks the fence (``writer.py``): a replica that lost its lease writes nothing more.
 """
 
 from __future__ import annotations
@@ -16,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from driver.controller.cache import ClusterCache, Kind
-from driver.controller.decide import Decision, decide
+from driver.controller.decide import Decision, decide_all
 from driver.controller.decode import bounded
 from driver.controller.events import REASON_FAILED, EventRecorder
 from driver.controller.explain import best_node_offer, describe_demand
@@ -31,14 +42,18 @@ from driver.controller.objects import (
     is_deleting,
     is_gated,
     object_key,
-    pod_requests,
+    pod_claim_refs,
 )
+from driver.controller.pipeline import Job, Writers
 from driver.controller.writer import ApiWriter, HaltWrites
 from driver.errors import AllocationError, ConflictError, FractionalError, NotFoundError
 
-__all__ = ["Reconciler", "ReconcilerSettings"]
+__all__ = ["CLAIM_PREFIX", "GANG_PREFIX", "Reconciler", "ReconcilerSettings"]
 
 log = logging.getLogger(__name__)
+
+GANG_PREFIX = "gang:"
+CLAIM_PREFIX = "claim:"
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,75 +71,148 @@ class _Unfit:
     hint_json: str | None = None
 
 
+def _claim_keys(plan: GangPlan) -> list[str]:
+    keys: list[str] = []
+    for pod in plan.gated:
+        namespace = pod["metadata"]["namespace"]
+        keys += [f"{CLAIM_PREFIX}{namespace}/{r.claim_name}" for r in pod_claim_refs(pod) if r.claim_name]
+    return keys
+
+
 @dataclass
 class Reconciler:
     cache: ClusterCache
-    writer: ApiWriter
-    recorder: EventRecorder
     metrics: ControllerMetrics
     settings: ReconcilerSettings
     capacity_generation: Callable[[], int]
+    submit: Callable[[Job], bool]  # hands a job to the writers (blocks while they are full)
+    requeue: Callable[[str], None]
+    requeue_later: Callable[[str], float]  # with per-key backoff
     capacity_freed: Callable[[], None] = lambda: None  # requeues the gangs waiting for room
     gate_seen: dict[str, float] = field(default_factory=dict)
     latencies: list[float] = field(default_factory=list)
     unschedulable: set[GangKey] = field(default_factory=set)
     _unfit: dict[GangKey, _Unfit] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _busy: dict[str, int] = field(default_factory=dict)  # key -> the job holding it
+    _deferred: dict[int, set[str]] = field(default_factory=dict)  # job -> keys to queue when it ends
+    _jobs: int = 0
 
-    # -- gangs ----------------------------------------------------------------------------------------
+    # -- the busy registry ------------------------------------------------------------------------------
 
-    def reconcile_gang(self, gang: GangKey) -> bool:
-        """Returns True when the gang must be looked at again right away."""
+    def _busy_job(self, keys: list[str]) -> int | None:
+        with self._lock:
+            return next((self._busy[k] for k in keys if k in self._busy), None)
+
+    def _defer(self, job: int, key: str) -> None:
+        with self._lock:
+            if job in self._deferred:
+                self._deferred[job].add(key)
+                return
+        self.requeue(key)  # it ended meanwhile
+
+    def _start_job(
+        self, keys: list[str], run: Callable[[Writers], object], *, requeue: tuple[str, ...] = ()
+    ) -> None:
+        """Run ``run`` on a writer with ``keys`` busy; when it ends, queue the keys deferred meanwhile
+        (and ``requeue``)."""
+        with self._lock:
+            self._jobs += 1
+            job = self._jobs
+            for key in keys:
+                self._busy[key] = job
+            self._deferred[job] = set(requeue)
+
+        def wrapped(writers: Writers) -> None:
+            halted = False
+            try:
+                run(writers)
+            except HaltWrites:
+                halted = True  # nothing more is decided or written: as if the process died here
+                raise
+            finally:
+                with self._lock:
+                    for key in keys:
+                        if self._busy.get(key) == job:
+                            del self._busy[key]
+                    deferred = self._deferred.pop(job, set())
+                for key in sorted(deferred) if not halted else ():
+                    self.requeue(key)
+
+        if not self.submit(wrapped):  # stopping: nothing will run it
+            with self._lock:
+                for key in keys:
+                    self._busy.pop(key, None)
+                self._deferred.pop(job, None)
+
+    # -- gangs (the decider) ------------------------------------------------------------------------------
+
+    def reconcile_gangs(self, gangs: list[GangKey]) -> None:
         started = time.monotonic()
         generation = self.capacity_generation()  # before deciding: a later change re-queues us
+        ready: list[GangPlan] = []
+        others: list[GangPlan] = []
         with self.cache.lock:
-            plan = plan_gang(self.cache, gang)
-            decision = None
-            failure: AllocationError | None = None
-            unfit = self._unfit.get(gang)
-            if plan.action == "allocate" and unfit and unfit.key == (plan.signature, generation):
-                return False  # did not fit, and neither the gang nor the capacity changed since
-            if plan.action == "allocate":
-                try:
-                    decision = decide(self.cache, plan, policy=self.settings.policy)
-                except AllocationError as error:
-                    failure = error
-        if failure is not None:  # the Event is an API call: never made under cache.lock
-            self._mark_unschedulable(gang, fit=False)
-            self.metrics.decisions.labels(outcome="error").inc()
-            if plan.gated:
-                self.recorder.gang_unschedulable(gang, plan.gated[0], f"cannot allocate: {bounded(failure)}",
-                                                 reason=REASON_FAILED)  # fmt: skip
-            return False
+            for gang in gangs:
+                key = GANG_PREFIX + gang
+                plan = plan_gang(self.cache, gang)
+                job = self._busy_job([key, *_claim_keys(plan)])
+                if job is not None:
+                    self._defer(job, key)
+                    continue
+                unfit = self._unfit.get(gang)
+                if plan.action == "allocate" and unfit and unfit.key == (plan.signature, generation):
+                    continue  # did not fit, and neither the gang nor the capacity changed since
+                (ready if plan.action == "allocate" else others).append(plan)
+            decisions = decide_all(self.cache, ready, policy=self.settings.policy) if ready else []
+        for plan in others:
+            self._act(plan)
+        for plan, outcome in zip(ready, decisions, strict=True):
+            if isinstance(outcome, AllocationError):
+                self._failed(plan, outcome)
+            elif outcome.outcome == "allocated":
+                self._mark_unschedulable(plan.key, fit=True)
+                self.metrics.decisions.labels(outcome="allocated").inc()
+                self.metrics.decision_seconds.observe(time.monotonic() - started)
+                self._start_job(
+                    [GANG_PREFIX + plan.key, *_claim_keys(plan)],
+                    lambda w, plan=plan, decision=outcome: self._commit(w, plan, decision),  # type: ignore[misc]
+                )
+            else:
+                self._mark_unschedulable(plan.key, fit=False)
+                self.metrics.decisions.labels(outcome="unschedulable").inc()
+                self._start_job(
+                    [GANG_PREFIX + plan.key],
+                    lambda w, plan=plan, decision=outcome: self._explain(w, plan, decision, generation),  # type: ignore[misc]
+                )
+
+    def _failed(self, plan: GangPlan, failure: AllocationError) -> None:
+        self._mark_unschedulable(plan.key, fit=False)
+        self.metrics.decisions.labels(outcome="error").inc()
+        message = f"cannot allocate: {bounded(failure)}"
+        self._start_job(
+            [GANG_PREFIX + plan.key],
+            lambda w: w.recorder.gang_unschedulable(plan.key, plan.gated[0], message, reason=REASON_FAILED),
+        )
+
+    def _act(self, plan: GangPlan) -> None:
         if plan.invalid:
-            self._report_invalid(plan)
+            self._mark_unschedulable(plan.key, fit=False)
+            self._start_job([GANG_PREFIX + plan.key], lambda w: self._report_invalid(w, plan))
         if plan.action == "idle":
-            self._mark_unschedulable(gang, fit=True)
-            self.recorder.forget(gang)
-            self._unfit.pop(gang, None)
-            return False
-        if plan.action == "wait":
-            log.debug("gang waiting", extra={"gang": gang, "reason": bounded(plan.reason)})
+            self._mark_unschedulable(plan.key, fit=True)
+            self._unfit.pop(plan.key, None)
+        elif plan.action == "wait":
+            log.debug("gang waiting", extra={"gang": plan.key, "reason": bounded(plan.reason)})
             self.metrics.decisions.labels(outcome="waiting").inc()
-            return False
-        if plan.action == "release":
-            self._release_half_done(plan)
-            return True
-        if plan.action == "ungate":
-            self._ungate(plan, {})
+        elif plan.action == "release":
+            keys = [GANG_PREFIX + plan.key, *(CLAIM_PREFIX + str(object_key(c)) for c in plan.release)]
+            self._start_job(
+                keys, lambda w: self._release_half_done(w, plan), requeue=(GANG_PREFIX + plan.key,)
+            )
+        elif plan.action == "ungate":
             self.metrics.decisions.labels(outcome="ungated").inc()
-            return False
-        assert decision is not None
-        if decision.outcome == "allocated":
-            self._commit(plan, decision)
-            self._mark_unschedulable(gang, fit=True)
-            self.metrics.decisions.labels(outcome="allocated").inc()
-            self.metrics.decision_seconds.observe(time.monotonic() - started)
-            return False
-        self._mark_unschedulable(gang, fit=False)
-        self.metrics.decisions.labels(outcome="unschedulable").inc()
-        self._explain(plan, decision, generation)
-        return False
+            self._start_job([GANG_PREFIX + plan.key, *_claim_keys(plan)], lambda w: self._ungate(w, plan, {}))
 
     def _mark_unschedulable(self, gang: GangKey, *, fit: bool) -> None:
         with self._lock:
@@ -137,54 +225,72 @@ class Reconciler:
         with self._lock:
             return list(self.unschedulable)
 
+    # -- gang jobs (writer threads) -------------------------------------------------------------------
+
     def _assume(self, claim: dict[str, Any], event_type: str = "MODIFIED") -> None:
         """Apply what we wrote (or just read) to the cache; when that frees devices, say so: the
         watch event of our own write then changes nothing, so nobody else would."""
-        before = self.cache.get(Kind.CLAIM, str(object_key(claim)))
+        before = self.cache.claim_as_counted(str(object_key(claim)))
         applied, _ = self.cache.apply(Kind.CLAIM, event_type, claim)
         freed = event_type == "DELETED" or not (claim.get("status") or {}).get("allocation")
         if applied and before is not None and (before.get("status") or {}).get("allocation") and freed:
             self.capacity_freed()
 
-    def _report_invalid(self, plan: GangPlan) -> None:
+    def _report_invalid(self, writers: Writers, plan: GangPlan) -> None:
         """An Event on each object rejected when read, and one on the gang's first pod."""
         for kind, obj, reason in plan.invalid:
-            self.recorder.object_rejected(kind.value, obj, reason)
+            writers.recorder.object_rejected(kind.value, obj, reason)
         first_kind, first_obj, first_reason = plan.invalid[0]
-        name = str(object_key(first_obj))
         what = "ResourceClaim" if first_kind is Kind.CLAIM else "Pod"
-        self.recorder.gang_unschedulable(
-            plan.key, plan.gated[0], f"cannot allocate: {what} {name}: {first_reason}", reason=REASON_FAILED
-        )
-        self._mark_unschedulable(plan.key, fit=False)
+        message = f"cannot allocate: {what} {object_key(first_obj)}: {first_reason}"
+        writers.recorder.gang_unschedulable(plan.key, plan.gated[0], message, reason=REASON_FAILED)
 
-    def _commit(self, plan: GangPlan, decision: Decision) -> None:
-        """Finalizers, then allocations, then gates; on a failed claim write undo what we wrote."""
-        written: list[tuple[dict[str, Any], dict[str, Any]]] = []  # (claim before, claim as stored now)
+    def _commit(self, writers: Writers, plan: GangPlan, decision: Decision) -> None:
+        """Finalizers, then allocations, then gates; a failed write undoes this gang alone."""
+        writer = writers.writer
+        written: list[dict[str, Any]] = []  # each claim as stored after our last write to it
         try:
             for claim, allocation in decision.allocations:
-                with_finalizer = self.writer.add_finalizer(claim)
-                written.append((claim, with_finalizer))
+                with_finalizer = writer.add_finalizer(claim)
+                written.append(with_finalizer)
                 self._assume(with_finalizer)
-                allocated = self.writer.write_allocation(with_finalizer, allocation)
-                written[-1] = (claim, allocated)
+                allocated = writer.write_allocation(with_finalizer, allocation)
+                written[-1] = allocated
                 self._assume(allocated)
+            gone = [str(object_key(c)) for c in written if self._deleted_meanwhile(Kind.CLAIM, c)]
+            gone += [str(object_key(p)) for p in plan.gated if self._deleted_meanwhile(Kind.POD, p)]
+            if gone:  # deleted while we placed the gang: it cannot complete, so nothing is ungated
+                log.info("deleted during placement, undoing", extra={"gang": plan.key, "object": gone[0]})
+                self._give_back(writer, plan, decision, written, requeue=False)
+                return
         except HaltWrites:
-            raise
+            raise  # as if killed: nothing is undone
         except FractionalError as error:
             log.warning("gang write failed, undoing", extra={"gang": plan.key, "error": bounded(error)})
-            self._undo(written)
+            self._give_back(writer, plan, decision, written, requeue=True)
             if isinstance(error, ConflictError | NotFoundError):
-                self._refresh_claims([c for c, _ in decision.allocations])
-            raise
-        gone = [str(object_key(c)) for _, c in written if self._deleted_meanwhile(Kind.CLAIM, c)]
-        gone += [str(object_key(p)) for p in plan.gated if self._deleted_meanwhile(Kind.POD, p)]
-        if gone:  # deleted while we placed the gang: it cannot complete, so nothing is ungated
-            log.info("deleted during placement, undoing", extra={"gang": plan.key, "object": gone[0]})
-            self._undo(written)
+                self._refresh_claims(writer, [c for c, _ in decision.allocations])
+            self.metrics.decisions.labels(outcome="retry").inc()
             return
         nodes = {str(object_key(p)): node for p, node in decision.pod_nodes}
-        self._ungate(plan, nodes)
+        try:
+            self._ungate(writers, plan, nodes)
+        except FractionalError as error:  # past the commit point: finish the gates on the next pass
+            delay = self.requeue_later(GANG_PREFIX + plan.key)
+            log.info(
+                "ungating requeued", extra={"gang": plan.key, "error": bounded(error), "delay_seconds": delay}
+            )
+
+    def _give_back(self, writer: ApiWriter, plan: GangPlan, decision: Decision, written: list[dict[str, Any]],
+                   *, requeue: bool) -> None:  # fmt: skip
+        """Undo exactly this gang: the writes made, what the decider assumed; then decide it again."""
+        self._undo(writer, written)
+        self.cache.forget_assumed([str(object_key(c)) for c, _ in decision.allocations])
+        for pod, _node in decision.pod_nodes:
+            self.cache.forget_placement(str(object_key(pod)))
+        self.capacity_freed()
+        if requeue:
+            self.requeue_later(GANG_PREFIX + plan.key)
 
     def _deleted_meanwhile(self, kind: Kind, obj: dict[str, Any]) -> bool:
         """The deletion mark as our write returned it, or as the watch has seen it since (a new
@@ -197,75 +303,74 @@ class Reconciler:
             or current["metadata"].get("uid") != obj["metadata"].get("uid")
         )
 
-    def _undo(self, written: list[tuple[dict[str, Any], dict[str, Any]]]) -> None:
-        for _before, stored in reversed(written):
+    def _undo(self, writer: ApiWriter, written: list[dict[str, Any]]) -> None:
+        for stored in reversed(written):
             current = stored
             for _attempt in range(3):
                 try:
                     if (current.get("status") or {}).get("allocation"):
                         if (current.get("status") or {}).get("reservedFor"):
                             break  # someone already uses it: leave it
-                        current = self.writer.clear_allocation(current)
+                        current = writer.clear_allocation(current)
                         self._assume(current)
-                    current = self.writer.remove_finalizer(current)
+                    current = writer.remove_finalizer(current)
                     self._assume(current)
                     break
                 except ConflictError:
                     meta = current["metadata"]
-                    current = self.writer.read_claim(meta["namespace"], meta["name"])
+                    current = writer.read_claim(meta["namespace"], meta["name"])
                     self._assume(current)
                 except NotFoundError:
                     break
 
-    def _refresh_claims(self, claims: list[dict[str, Any]]) -> None:
+    def _refresh_claims(self, writer: ApiWriter, claims: list[dict[str, Any]]) -> None:
         """After a 409, read the claims so the next decision starts from the server's truth."""
         for claim in claims:
             meta = claim["metadata"]
             try:
-                self._assume(self.writer.read_claim(meta["namespace"], meta["name"]))
+                self._assume(writer.read_claim(meta["namespace"], meta["name"]))
             except NotFoundError:
                 self._assume(claim, "DELETED")
 
-    def _ungate(self, plan: GangPlan, nodes: dict[str, str | None]) -> None:
+    def _ungate(self, writers: Writers, plan: GangPlan, nodes: dict[str, str | None]) -> None:
+        writer = writers.writer
         for pod in plan.gated:
             key = str(object_key(pod))
             current = pod
             for _attempt in range(3):
                 try:
-                    stored = self.writer.ungate_pod(current)
+                    stored = writer.ungate_pod(current)
                     break
                 except ConflictError:
                     meta = current["metadata"]
-                    current = self.writer.read_pod(meta["namespace"], meta["name"])
+                    current = writer.read_pod(meta["namespace"], meta["name"])
                     if not is_gated(current):
                         stored = current
                         break
             else:
                 raise ConflictError(f"Pod {key}: scheduling gate: kept changing while being removed")
             self.cache.apply(Kind.POD, "MODIFIED", stored)
-            node = nodes.get(key)
-            if node:
-                self.cache.assume_placement(key, node, pod_requests(pod))
+            if nodes.get(key) is None:
+                self.cache.forget_placement(key)
             seen = self.gate_seen.pop(key, None)
             if seen is not None:
                 latency = time.monotonic() - seen
                 self.latencies.append(latency)
                 self.metrics.ungate_seconds.observe(latency)
             if (pod["metadata"].get("annotations") or {}).get(HINT_ANNOTATION):
-                self.writer.annotate_pod(stored, {HINT_ANNOTATION: None})
-        self.recorder.forget(plan.key)
+                writer.annotate_pod(stored, {HINT_ANNOTATION: None})
+        writers.recorder.forget(plan.key)
         self._unfit.pop(plan.key, None)
         log.info("gang allocated", extra={"gang": plan.key, "pods": len(plan.gated)})
 
-    def _release_half_done(self, plan: GangPlan) -> None:
-        log.warning("releasing a half-allocated gang", extra={"gang": plan.key, "claims": len(plan.release)})
+    def _release_half_done(self, writers: Writers, plan: GangPlan) -> None:
+        log.warning("releasing a half-allocated gang", extra={"gang": plan.key, "claims": len(plan.release),
+                    "reason": bounded(plan.reason)})  # fmt: skip
         for claim in plan.release:
-            self._release(claim)
+            self._release(writers.writer, claim)
         self.metrics.decisions.labels(outcome="released").inc()
 
-    # -- explaining a gang that does not fit -----------------------------------------------------
-
-    def _explain(self, plan: GangPlan, decision: Decision, generation: int) -> None:
+    def _explain(self, writers: Writers, plan: GangPlan, decision: Decision, generation: int) -> None:
         state = self._unfit.setdefault(plan.key, _Unfit())
         key = (plan.signature, generation)
         if state.key == key:
@@ -305,10 +410,10 @@ class Reconciler:
         message += (
             f"; scale-up hint: {hint.nodes} x {hint.profile}" if hint else "; no known node shape fits it"
         )
-        self.recorder.gang_unschedulable(plan.key, plan.gated[0], message)
+        writers.recorder.gang_unschedulable(plan.key, plan.gated[0], message)
         provisioning = None
         if hint is not None and self.settings.provisioning_requests and not kueue_provisions(plan.gated):
-            request = self.recorder.publish_provisioning_request(
+            request = writers.recorder.publish_provisioning_request(
                 plan.key, list(plan.gated), self.settings.provisioning_class
             )
             provisioning = (request, self.settings.provisioning_class)
@@ -317,28 +422,36 @@ class Reconciler:
                 annotations = pod["metadata"].get("annotations") or {}
                 if annotations.get(HINT_ANNOTATION) != hint_json or provisioning is not None:
                     wanted = EventRecorder.hint_annotations(hint_json, provisioning)
-                    self.cache.apply(Kind.POD, "MODIFIED", self.writer.annotate_pod(pod, wanted))
+                    self.cache.apply(Kind.POD, "MODIFIED", writers.writer.annotate_pod(pod, wanted))
         state.key, state.hint_json = key, hint_json
 
     # -- claims ---------------------------------------------------------------------------------------
 
-    def _release(self, claim: dict[str, Any]) -> None:
+    def _release(self, writer: ApiWriter, claim: dict[str, Any]) -> None:
         current = claim
         if (current.get("status") or {}).get("allocation"):
-            current = self.writer.clear_allocation(current)
+            current = writer.clear_allocation(current)
             self._assume(current)
             self.metrics.released.inc()
         if has_finalizer(current):
-            current = self.writer.remove_finalizer(current)
+            current = writer.remove_finalizer(current)
             self._assume(current)
 
     def reconcile_claim(self, key: str) -> None:
+        """Decide what one of our claims needs (decider); any write goes to a job."""
+        queue_key = CLAIM_PREFIX + key
+        job = self._busy_job([queue_key])
+        if job is not None:
+            self._defer(job, queue_key)
+            return
         claim = self.cache.get(Kind.CLAIM, key)
         if claim is None or not has_finalizer(claim):
             return
         if (reason := self.cache.rejection(Kind.CLAIM, key)) is not None:
             # As read it was cut (too deep): writing it back would write the cut version. Say so once.
-            self.recorder.object_rejected(Kind.CLAIM.value, claim, reason)
+            self._start_job(
+                [queue_key], lambda w: w.recorder.object_rejected(Kind.CLAIM.value, claim, reason)
+            )
             return
         status = claim.get("status") or {}
         users = self.cache.claim_users(key)
@@ -348,7 +461,7 @@ class Reconciler:
             if any((u.get("spec") or {}).get("nodeName") for u in users):
                 return  # a bound pod runs with it (reservedFor may lag): release when the pod ends
             log.info("releasing claim", extra={"claim": key, "deleting": is_deleting(claim)})
-            self._release(claim)
+            self._start_job([queue_key], lambda w: self._release(w.writer, claim))
             return
         if status.get("allocation"):
             return
@@ -359,4 +472,4 @@ class Reconciler:
                 "allocation vanished",
                 extra={"claim": key, "pod": ", ".join(sorted(str(object_key(u)) for u in running))},
             )
-        self._release(claim)  # drop the finalizer (a crash leftover when no pod ran)
+        self._start_job([queue_key], lambda w: self._release(w.writer, claim))  # a crash leftover's finalizer

@@ -86,7 +86,12 @@ class ApiWriter:
     def _done(self, action: str, key: str) -> None:
         self.writes += 1
         if self._hook is not None:
-            self._hook(WriteRecord(action=action, key=key))
+            try:
+                self._hook(WriteRecord(action=action, key=key))
+            except HaltWrites:
+                if self._fence is not None:
+                    self._fence.set()  # a simulated crash stops every writer at once, as a kill would
+                raise
 
     # -- claims -------------------------------------------------------------------------------------
 

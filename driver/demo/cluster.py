@@ -81,10 +81,10 @@ class FakeCluster:
         return f"http://127.0.0.1:{self.controller_metrics_port}/metrics"
 
     # ---- lifecycle -------------------------------------------------------------------------
-    def start_api(self) -> client.Configuration:
+    def start_api(self, *, write_delay_ms: int = 0) -> client.Configuration:
         from driver.cluster.emulator import APIServer
 
-        self.api_server = APIServer(host="127.0.0.1", port=0)
+        self.api_server = APIServer(host="127.0.0.1", port=0, write_delay_ms=write_delay_ms)
         self.api_server.start()
         self.kubeconfig = self.runtime_dir / "kubeconfig"
         self.api_server.write_kubeconfig(str(self.kubeconfig))

@@ -149,7 +149,7 @@ class _Demo:
     def run(self) -> int:
         s = self.scenario
         self.say("starting the embedded Kubernetes API (a test double) on 127.0.0.1")
-        configuration = self.cluster.start_api()
+        configuration = self.cluster.start_api(write_delay_ms=self.config.write_delay_ms)
         api_client = new_api_client(configuration)
         self.core = client.CoreV1Api(api_client)
         self.resource = client.ResourceV1Api(api_client)

@@ -8,6 +8,7 @@ from typing import Any
 from driver.controller.cache import ClusterCache, Kind
 from driver.controller.metrics import ControllerMetrics
 from driver.controller.objects import GangKey, gang_key_of
+from driver.controller.pipeline import Job, Writers
 from driver.controller.reconcile import Reconciler, ReconcilerSettings
 from tests.controller.conftest import gated_pod, gpu_claim
 
@@ -43,9 +44,13 @@ def test_allocation_error_event_is_written_outside_the_cache_lock() -> None:
     cache.apply(Kind.CLAIM, "ADDED", claim)
     cache.apply(Kind.POD, "ADDED", pod)
     recorder = _Recorder(cache)
+    jobs: list[Job] = []
     reconciler = Reconciler(
-        cache=cache, writer=None, recorder=recorder, metrics=ControllerMetrics(),  # type: ignore[arg-type]
-        settings=ReconcilerSettings(), capacity_generation=lambda: 0,
+        cache=cache, metrics=ControllerMetrics(), settings=ReconcilerSettings(),
+        capacity_generation=lambda: 0, submit=lambda job: jobs.append(job) is None,
+        requeue=lambda key: None, requeue_later=lambda key: 0.0,
     )  # fmt: skip
-    assert reconciler.reconcile_gang(gang_key_of(pod)) is False
+    reconciler.reconcile_gangs([gang_key_of(pod)])
+    (job,) = jobs  # the Event is a write: it went to the writers
+    job(Writers(writer=None, recorder=recorder))  # type: ignore[arg-type]
     assert recorder.lock_free == [True]
