@@ -45,7 +45,7 @@ from driver.controller.kueue import (
     reservation_problem,
 )
 from driver.controller.objects import FINALIZER, is_deleting, object_key, pod_claim_refs
-from driver.controller.writer import ApiWriter
+from driver.controller.writer import ApiWriter, HaltWrites
 from driver.errors import ConflictError, FractionalError
 from driver.kube import REQUEST_TIMEOUT_SECONDS, api_errors
 
@@ -83,12 +83,14 @@ class KueueAdmissionCheck:
         stop: threading.Event,
         monotonic: Callable[[], float] = time.monotonic,
         now: Callable[[], datetime.datetime] = lambda: datetime.datetime.now(datetime.UTC),
+        fence: threading.Event | None = None,
     ) -> None:
         self._api = api_client
         self._custom: Any = client.CustomObjectsApi(api_client)
         self._resource: Any = client.ResourceV1Api(api_client)
         self._core: Any = client.CoreV1Api(api_client)
-        self._writer = ApiWriter(api_client)
+        self._writer = ApiWriter(api_client, fence=fence)
+        self._fence = fence  # set once leadership is lost: nothing more is written
         self._settings = settings
         self._stop = stop
         self._monotonic = monotonic
@@ -115,6 +117,8 @@ class KueueAdmissionCheck:
             self.wake.clear()
             try:
                 self.run_once()
+            except HaltWrites:  # leadership lost mid-pass: the process is on its way out
+                log.info("kueue check fenced")
             except FractionalError as error:  # API trouble: try again on the next pass
                 log.warning("kueue check pass failed", extra={"reason": str(error)})
             except Exception:  # a bug: logged once here, the loop backs off and goes on
@@ -181,6 +185,8 @@ class KueueAdmissionCheck:
     # -- the pass -----------------------------------------------------------------------------------
 
     def run_once(self) -> None:
+        if self._fence is not None and self._fence.is_set():
+            return
         checks = self._activate_checks()
         if not checks:
             return
@@ -232,6 +238,8 @@ class KueueAdmissionCheck:
     def _write_check(
         self, workload: dict[str, Any], check_name: str, state: str, message: str, **extra: Any
     ) -> bool:
+        if self._fence is not None and self._fence.is_set():
+            return False
         entries = build_check_status(
             workload, check_name, state=state, message=message, now=self._now(), **extra
         )
@@ -378,8 +386,8 @@ class KueueAdmissionCheck:
             base_seconds=self._settings.backoff_base_seconds,
             max_seconds=self._settings.backoff_max_seconds,
         )
-        if self._write_check(workload, str(entry["name"]), "Retry", message, requeue_after_seconds=delay):
-            self._reservations.pop(key, None)
+        self._reservations.pop(key, None)  # not honoured: held for nobody from now on
+        self._write_check(workload, str(entry["name"]), "Retry", message, requeue_after_seconds=delay)
 
     def _place(
         self, reservation: Reservation, arrived: list[dict[str, Any]], claims: list[dict[str, Any]]
@@ -433,15 +441,16 @@ def _has_gate(pod: dict[str, Any]) -> bool:
 
 
 def start_admission_check(
-    configuration: client.Configuration, settings: KueueCheckSettings
+    configuration: client.Configuration, settings: KueueCheckSettings, *, fence: threading.Event | None = None
 ) -> Callable[[float], None]:
-    """Start the check and its Workload watch on their own ``ApiClient``; returns ``close(timeout)``."""
+    """Start the check and its Workload watch on their own ``ApiClient``; returns ``close(timeout)``.
+    ``fence``: the controller's; once set (leadership lost) the check writes nothing more."""
     from driver.controller.kueue_watch import WorkloadWatch  # the watch module imports nothing of ours
     from driver.kube import new_api_client
 
     api = new_api_client(configuration)
     stop = threading.Event()
-    check = KueueAdmissionCheck(api, settings, stop=stop)
+    check = KueueAdmissionCheck(api, settings, stop=stop, fence=fence)
     workload_watch = WorkloadWatch(api, wake=check.wake, stop=stop)
     check.start()
     workload_watch.start()
@@ -450,6 +459,7 @@ def start_admission_check(
     def close(timeout_seconds: float) -> None:
         stop.set()
         check.wake.set()
+        workload_watch.interrupt()
         check.join(timeout_seconds)
         workload_watch.join(timeout_seconds)
         api.close()  # type: ignore[no-untyped-call]  # the client is untyped

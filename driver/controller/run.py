@@ -100,7 +100,7 @@ def run_controller(
             kueue_settings = KueueCheckSettings(
                 policy=config.policy, topology_label=config.topology_label, hint_profiles=config.hint_profiles
             )
-            close_kueue_check = start_admission_check(configuration, kueue_settings)
+            close_kueue_check = start_admission_check(configuration, kueue_settings, fence=controller.fence)
         log.info("controller started", extra={"identity": config.identity, "policy": config.policy})
         if started is not None:
             started.set()

@@ -166,6 +166,7 @@ def cluster() -> Iterator[Cluster]:
         finally:
             stop.set()
             check.wake.set()
+            watcher.interrupt()
             check.join(10)
             watcher.join(10)
 
@@ -339,7 +340,7 @@ def test_retry_then_ready_then_pods_placed_per_plan(cluster: Cluster) -> None:
         for r in x["devices"]["results"]
     )
     assert sorted(placed) == planned_full
-    assert f"{NS}/train" not in cluster.check.reservations()
+    wait_for(lambda: f"{NS}/train" not in cluster.check.reservations(), what="the reservation released")
 
 
 def test_workload_larger_than_any_node_is_rejected(cluster: Cluster) -> None:
@@ -376,7 +377,7 @@ def test_reservation_that_drifts_goes_back_to_retry(cluster: Cluster) -> None:
     retry = wait_for(lambda: _ours(cluster, "drift", "Retry"), what="Retry after drift")
     assert "can no longer be honoured" in retry["message"]
     assert result["device"] in retry["message"]
-    assert f"{NS}/drift" not in cluster.check.reservations()
+    wait_for(lambda: f"{NS}/drift" not in cluster.check.reservations(), what="the reservation dropped")
 
 
 def test_message_timestamps_are_utc() -> None:

@@ -10,9 +10,10 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from driver.controller.kueue import KUEUE_PROVISIONING_ANNOTATION, RESERVATION_ANNOTATION
+from driver.controller.kueue import CONTROLLER_NAME, KUEUE_PROVISIONING_ANNOTATION, RESERVATION_ANNOTATION
 from driver.controller.objects import GATE, HINT_ANNOTATION
 from tests.controller.conftest import Cluster, RunningController, gated_pod, gpu_claim, wait_for
+from tests.kueue_support import install_kueue_crds
 
 
 def _with_gates(pod: dict[str, Any], *gates: str) -> dict[str, Any]:
@@ -79,3 +80,41 @@ def test_no_provisioning_request_of_ours_where_kueue_provisions(
     except client.ApiException as error:  # pragma: no cover - the emulator serves them
         pytest.fail(f"provisioningrequests not served: {error}")
     assert listed["items"] == []
+
+
+def test_controller_flag_runs_the_admission_check(
+    cluster: Cluster, controller: Callable[..., RunningController]
+) -> None:
+    install_kueue_crds(cluster.api_client, ("admissionchecks", "workloads"))
+    objects = client.CustomObjectsApi(cluster.api_client)
+    objects.create_cluster_custom_object(
+        "kueue.x-k8s.io",
+        "v1beta2",
+        "admissionchecks",
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "AdmissionCheck",
+            "metadata": {"name": "ours"},
+            "spec": {"controllerName": CONTROLLER_NAME},
+        },
+    )
+    objects.create_cluster_custom_object(
+        "kueue.x-k8s.io",
+        "v1beta2",
+        "admissionchecks",
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "AdmissionCheck",
+            "metadata": {"name": "theirs"},
+            "spec": {"controllerName": "kueue.x-k8s.io/provisioning-request"},
+        },
+    )
+    controller(kueue_admission_check=True)
+
+    def active(name: str) -> list[dict[str, Any]]:
+        check = objects.get_cluster_custom_object("kueue.x-k8s.io", "v1beta2", "admissionchecks", name)
+        return [c for c in (check.get("status") or {}).get("conditions") or [] if c["type"] == "Active"]
+
+    (condition,) = wait_for(lambda: active("ours"), what="Active=True on our AdmissionCheck")
+    assert condition["status"] == "True" and condition["observedGeneration"] == 1
+    assert active("theirs") == []  # another controller's check is not ours to touch
