@@ -239,6 +239,11 @@ def _build_parser() -> argparse.ArgumentParser:
         default=_env_bool("--preemption", True),
         help="evict lower-priority pods for a gated gang with a PriorityClass that does not fit",
     )  # fmt: skip
+    p.add_argument(
+        "--gang-sources", default=_env("--gang-sources", "auto"),
+        help="where gangs are read from: comma list of podgroup, workload, fractional, coscheduling, kueue, "
+        "lws, volcano (or upstream, markers, all); auto: upstream, ours and the markers the cluster serves",
+    )  # fmt: skip
     _add_common(p)
 
     p = sub.add_parser("plan", help="how many nodes of a profile a set of claims/gangs needs")
@@ -261,6 +266,8 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--write-kubeconfig", default=_env("--write-kubeconfig", None))
     p.add_argument("--write-delay-ms", type=int, default=_env_int("--write-delay-ms", 0),
                    help="added to every write, as etcd would (e.g. 10)")  # fmt: skip
+    p.add_argument("--kubernetes-version", default=_env("--kubernetes-version", "1.37"),
+                   help="the release emulated: 1.35 | 1.36 | 1.37 (its gang API versions)")  # fmt: skip
     _add_common(p)
 
     p = sub.add_parser("demo", help="the whole system on one machine: no cluster, no GPU")
@@ -376,6 +383,7 @@ def build_controller_config(args: argparse.Namespace) -> ControllerConfig:
         hint_profiles=tuple(args.hint_profile or _env_list("--hint-profile")),
         topology_label=args.topology_label,
         preemption=args.preemption,
+        gang_sources=args.gang_sources,
     )
 
 
@@ -420,10 +428,18 @@ def _run_apiserver(args: argparse.Namespace) -> int:
     from driver.cluster.emulator import APIServer
 
     config = ApiServerConfig(
-        port=args.port, write_kubeconfig=args.write_kubeconfig, write_delay_ms=args.write_delay_ms
+        port=args.port,
+        write_kubeconfig=args.write_kubeconfig,
+        write_delay_ms=args.write_delay_ms,
+        kubernetes_version=args.kubernetes_version,
     )
     stop = _stop_event_on_signals()
-    server = APIServer(host=config.host, port=config.port, write_delay_ms=config.write_delay_ms)
+    server = APIServer(
+        host=config.host,
+        port=config.port,
+        write_delay_ms=config.write_delay_ms,
+        kubernetes_version=config.kubernetes_version,
+    )
     server.start()
     try:
         print(f"embedded API serving on {server.url}", flush=True)

@@ -129,10 +129,14 @@ class ControllerConfig:
     hint_profiles: tuple[str, ...] = ()  # profile files/names for scale-up hints; empty = all shipped
     topology_label: str = "topology.kubernetes.io/zone"
     preemption: bool = True  # evict lower-priority pods for a gang that does not fit (issue 17)
+    gang_sources: str = "auto"  # comma list (gang_identity.parse_gang_sources); auto: upstream, ours, markers
 
     def __post_init__(self) -> None:
         _check_choice("--policy", self.policy, POLICIES)
         _check_port("--metrics-port", self.metrics_port)
+        from driver.controller.gang_identity import parse_gang_sources  # raises ConfigError naming the flag
+
+        parse_gang_sources(self.gang_sources)
         if self.leader_elect and not self.identity:
             raise ConfigError(
                 field="--identity (FRACTIONAL_IDENTITY)", problem="required with --leader-elect"
@@ -181,10 +185,12 @@ class ApiServerConfig:
     port: int = 0
     write_kubeconfig: str | None = None
     write_delay_ms: int = 0  # added to every write, as etcd would
+    kubernetes_version: str = "1.37"  # the release emulated: its Workload/PodGroup versions and pod schema
 
     def __post_init__(self) -> None:
         _check_port("--port", self.port)
         _check_write_delay("--write-delay-ms", self.write_delay_ms)
+        _check_choice("--kubernetes-version", self.kubernetes_version, ("1.35", "1.36", "1.37"))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

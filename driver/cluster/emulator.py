@@ -39,12 +39,13 @@ import yaml
 from kubernetes import client
 
 from driver.cluster.emulator_apply import APPLY_PATCH, apply_configuration, parse_apply_body, record_update
-from driver.cluster.emulator_crd import CRD_RESOURCE, CustomResources, CustomResourceType
+from driver.cluster.emulator_crd import CRD_RESOURCE, CustomResourceType
 from driver.cluster.emulator_events import core_event, events_v1_event, events_v1_field_selector
 from driver.cluster.emulator_http import Route, ThreadedHTTPServer
 from driver.cluster.emulator_patch import apply_patch
 from driver.cluster.emulator_policy import admit_pod_priority, check_eviction_budgets
 from driver.cluster.emulator_request import RequestOptions, parse_options
+from driver.cluster.emulator_scheduling import DEFAULT_KUBERNETES_VERSION, ServedResources
 from driver.cluster.emulator_selectors import build_matcher
 from driver.cluster.emulator_store import (
     ResourceType,
@@ -111,12 +112,17 @@ class APIServer:
         disabled_features: frozenset[str] | set[str] = frozenset(),
         history_limit: int = 1000,
         write_delay_ms: int = 0,
+        kubernetes_version: str = DEFAULT_KUBERNETES_VERSION,
     ) -> None:
         self._address = (host, port)
+        self.kubernetes_version = kubernetes_version  # the release emulated: its gang API and pod schema
         self._write_delay_seconds = write_delay_ms / 1000  # added to every write, as etcd would
         self._store = Store(history_limit=history_limit)
-        self._validator = ObjectValidator(disabled_features=frozenset(disabled_features))
-        self.custom_resources = CustomResources(self._store)  # kinds served through CRDs
+        self._validator = ObjectValidator(
+            disabled_features=frozenset(disabled_features), schema_version=kubernetes_version
+        )
+        # kinds served through CRDs, and the release's scheduling.k8s.io Workload/PodGroup
+        self.custom_resources = ServedResources(self._store, kubernetes_version)
         self._counts: Counter[tuple[str, str]] = Counter()
         self._faults: list[_Fault] = []
         self._hooks_lock = threading.Lock()

@@ -52,10 +52,12 @@ class SchemaViolation(Exception):
         self.path, self.problem, self.kind = path, problem, kind
 
 
-def schema_document(name: str, *, strict: bool = True) -> Any:
+def schema_document(name: str, *, strict: bool = True, version: str | None = None) -> Any:
     """One JSON file of the schema directory (``resourceslice-resource-v1.json``); ``strict=False``
-    reads the same version's non-strict files (no added ``additionalProperties: false``)."""
-    directory = _SCHEMA_DIR if strict else _SCHEMA_DIR.removesuffix("-strict")
+    reads the same version's non-strict files (no added ``additionalProperties: false``);
+    ``version`` ("1.35"): that release's schemas instead of the newest."""
+    directory = _SCHEMA_DIR if version is None else f"v{version}.0-local-strict"
+    directory = directory if strict else directory.removesuffix("-strict")
     return json.loads(_SCHEMA_ROOT.joinpath(directory, name).read_text(encoding="utf-8"))
 
 
@@ -198,21 +200,22 @@ class _Compiler:
 
 
 _compile_lock = threading.Lock()
-_checks: dict[str, Check] = {}
+_checks: dict[tuple[str | None, str], Check] = {}
 
 
 @functools.cache
-def _compiler() -> _Compiler:
-    return _Compiler(schema_document("_definitions.json")["$defs"])
+def _compiler(version: str | None = None) -> _Compiler:
+    return _Compiler(schema_document("_definitions.json", version=version)["$defs"])
 
 
-def schema_check(schema_file: str) -> Check:
-    """The compiled check of one kind's schema file (built once); raises ``SchemaViolation``."""
-    check = _checks.get(schema_file)
+def schema_check(schema_file: str, version: str | None = None) -> Check:
+    """The compiled check of one kind's schema file (built once); raises ``SchemaViolation``.
+    ``version`` ("1.35"): that release's schema (an emulated older server), else the newest."""
+    check = _checks.get((version, schema_file))
     if check is None:
         with _compile_lock:  # compiling fills shared forward references: one thread at a time
-            check = _checks.get(schema_file)
+            check = _checks.get((version, schema_file))
             if check is None:
-                check = _compiler().compile(schema_document(schema_file))
-                _checks[schema_file] = check
+                check = _compiler(version).compile(schema_document(schema_file, version=version))
+                _checks[(version, schema_file)] = check
     return check

@@ -110,8 +110,11 @@ def _strict_decoding_error(rtype: ResourceType, unknown: list[str]) -> StatusErr
 class ObjectValidator:
     """Drops the fields of disabled DRA gates, then validates (schema, then DRA rules)."""
 
-    def __init__(self, *, disabled_features: frozenset[str] = frozenset()) -> None:
+    def __init__(
+        self, *, disabled_features: frozenset[str] = frozenset(), schema_version: str | None = None
+    ) -> None:
         self._disabled_features = disabled_features
+        self._schema_version = schema_version  # an emulated release ("1.35"): its schemas; None: newest
 
     def validate(
         self,
@@ -139,7 +142,7 @@ class ObjectValidator:
         if rtype.plural == "provisioningrequests":
             _check_provisioning_request(rtype, obj)
             return obj
-        check = schema_check(schema_file(rtype))
+        check = schema_check(schema_file(rtype), self._schema_version)
         unknown: list[str] = []
         while True:
             try:

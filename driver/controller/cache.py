@@ -15,12 +15,11 @@ from enum import StrEnum
 from typing import Any
 
 from driver.allocator import ClusterState
+from driver.controller.gang_identity import ALL_SOURCES, GangSource, identify, podgroup_claim, resolve
 from driver.controller.objects import (
-    GANG_LABEL,
     GangKey,
     ObjectKey,
     Resources,
-    gang_key_of,
     is_gated,
     is_terminated,
     object_key,
@@ -40,6 +39,11 @@ class Kind(StrEnum):
     CLAIM = "resourceclaims"
     POD = "pods"
     NODE = "nodes"
+    # Gang objects (``gang_identity``): watched at the version the server serves, when served.
+    PODGROUP = "podgroups"
+    WORKLOAD = "workloads"
+    COSCHEDULING_PODGROUP = "podgroups.scheduling.x-k8s.io"
+    VOLCANO_PODGROUP = "podgroups.scheduling.volcano.sh"
 
 
 def _rv(obj: dict[str, Any] | None) -> str | None:
@@ -69,6 +73,24 @@ class ClusterCache:
         # Allocations decided but not yet seen written (the writers are behind): the allocator
         # counts these versions until the server's version carries an allocation, or we forget them.
         self._assumed: dict[ObjectKey, dict[str, Any]] = {}
+        self.gang_sources: frozenset[GangSource] = ALL_SOURCES  # set from --gang-sources / discovery
+
+    def gang_key(self, pod: dict[str, Any]) -> GangKey:
+        """The pod's gang among the sources turned on (``gang_identity.identify``)."""
+        return identify(pod, self.gang_sources).key
+
+    def reindex_gang(self, gang: GangKey) -> None:
+        """Index the gang's pods again (their PodGroup changed: its claims, its size)."""
+        with self.lock:
+            for key in list(self._gang_pods.get(gang, ())):
+                self._index_pod(key, self._objects[Kind.POD][key])
+
+    def set_gang_sources(self, sources: frozenset[GangSource]) -> None:
+        """Turn gang sources on or off; every pod is indexed again."""
+        with self.lock:
+            self.gang_sources = sources
+            for key, pod in self._objects[Kind.POD].items():
+                self._index_pod(key, pod)
 
     # -- updates (watchers, and the worker's assume step) ------------------------------------------
 
@@ -203,15 +225,17 @@ class ClusterCache:
             self._drop_placement(key)  # bound (now counted as bound) or finished
         if is_terminated(pod):
             return
-        labels = (pod.get("metadata") or {}).get("labels") or {}
-        if is_gated(pod) or labels.get(GANG_LABEL):
-            gang = gang_key_of(pod)
+        ref = identify(pod, self.gang_sources)
+        if is_gated(pod) or ref.source is not None:
+            gang = ref.key
             self._pod_gang[key] = gang
             self._gang_pods[gang].add(key)
         namespace = (pod.get("metadata") or {}).get("namespace")
-        claim_keys = tuple(
-            ObjectKey(f"{namespace}/{ref.claim_name}") for ref in pod_claim_refs(pod) if ref.claim_name
-        )
+        refs = pod_claim_refs(pod)
+        if ref.source is GangSource.PODGROUP:  # claims shared through the PodGroup (KEP-5729)
+            spec = resolve(ref, lambda kind, k: self._objects[Kind(kind)].get(ObjectKey(k)))
+            refs = tuple(podgroup_claim(pod, r, spec) if r.claim_name is None else r for r in refs)
+        claim_keys = tuple(ObjectKey(f"{namespace}/{r.claim_name}") for r in refs if r.claim_name)
         self._pod_claims[key] = claim_keys
         for claim_key in claim_keys:
             self._claim_users[claim_key].add(key)

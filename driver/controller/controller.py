@@ -22,11 +22,12 @@ from driver.controller.cache import ClusterCache, Kind
 from driver.controller.decode import bounded
 from driver.controller.events import EventRecorder
 from driver.controller.explain import share_memory_requests
+from driver.controller.gang_identity import GangSource
+from driver.controller.gang_watch import GangWatches
 from driver.controller.metrics import ControllerMetrics
 from driver.controller.objects import (
     FINALIZER,
     GangKey,
-    gang_key_of,
     has_finalizer,
     is_gated,
     is_terminated,
@@ -34,6 +35,7 @@ from driver.controller.objects import (
     pod_claim_refs,
 )
 from driver.controller.pipeline import Job, WritePool, Writers
+from driver.controller.preempting import Preemptor
 from driver.controller.reconcile import CLAIM_PREFIX, GANG_PREFIX, Reconciler, ReconcilerSettings
 from driver.controller.watch import Watcher
 from driver.controller.workqueue import WorkQueue
@@ -95,6 +97,7 @@ class Controller:
         write_workers: int = 16,
         write_queue: int = 64,
         batch_keys: int = BATCH_KEYS,
+        gang_sources: frozenset[GangSource] | None = None,
     ) -> None:
         self._configuration = configuration
         self.settings = settings
@@ -110,6 +113,13 @@ class Controller:
         self._generation_lock = threading.Lock()
         self._capacity_generation = 0
         self._gate_seen: dict[str, float] = {}
+        if gang_sources is not None:
+            self.cache.gang_sources = gang_sources
+        self.gang_watches = GangWatches(
+            configuration=configuration, cache=self.cache, metrics=self.metrics,
+            enqueue_gang=lambda gang: self.queue.add(GANG_PREFIX + gang), sources=gang_sources,
+            stop=self.stop_event, watch_timeout_seconds=watch_timeout_seconds,
+        )  # fmt: skip
         self.watchers = [
             Watcher(
                 kind=kind,
@@ -134,6 +144,7 @@ class Controller:
     # -- lifecycle ------------------------------------------------------------------------------------
 
     def start(self) -> None:
+        self.gang_watches.refresh()  # which Workload/PodGroup version is served, before the pods
         for watcher in self.watchers:
             watcher.start()
         self._worker.start()
@@ -146,6 +157,7 @@ class Controller:
         self.stop_event.set()
         self._decider_stop.set()
         self.queue.shut_down()
+        self.gang_watches.stop()
         for watcher in self.watchers:
             watcher.interrupt()
         deadline = time.monotonic() + timeout_seconds
@@ -190,9 +202,9 @@ class Controller:
         gone = event_type == "DELETED" or is_terminated(pod)
         if is_gated(pod) and not gone:
             self._gate_seen.setdefault(key, time.monotonic())
-            self.queue.add(GANG_PREFIX + gang_key_of(pod))
+            self.queue.add(GANG_PREFIX + self.cache.gang_key(pod))
         elif old is not None and is_gated(old):
-            self.queue.add(GANG_PREFIX + gang_key_of(old))
+            self.queue.add(GANG_PREFIX + self.cache.gang_key(old))
         if gone:
             self._gate_seen.pop(key, None)
             namespace = pod["metadata"].get("namespace")
@@ -216,11 +228,12 @@ class Controller:
         if event_type == "ADDED" or (was_allocated and not is_allocated):
             for user in self.cache.claim_users(key):
                 if is_gated(user):
-                    self.queue.add(GANG_PREFIX + gang_key_of(user))
+                    self.queue.add(GANG_PREFIX + self.cache.gang_key(user))
 
     # -- the worker -----------------------------------------------------------------------------------
 
     def _resync(self) -> None:
+        self.gang_watches.refresh()  # the served gang API may change (an upgrade, a CRD installed)
         for gang in self.cache.gated_gangs():
             self.queue.add(GANG_PREFIX + gang)
         for claim in self.cache.objects(Kind.CLAIM):
@@ -272,7 +285,10 @@ class Controller:
             requeue_later=self.queue.add_rate_limited,
             capacity_freed=self._bump_capacity,
             gate_seen=self._gate_seen,
-        )
+            preemptor=Preemptor(
+                cache=self.cache, configuration=self._configuration, identity=self.identity, fence=self.fence
+            ) if self.settings.preemption else None,
+        )  # fmt: skip
         pool.start()
         try:
             for watcher in self.watchers:  # decide only on a complete view

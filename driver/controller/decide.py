@@ -140,9 +140,12 @@ def _node_fit(
     return pod_nodes, None, ""
 
 
-def decide(cache: ClusterCache, plan: GangPlan, *, policy: str) -> Decision:
-    """Node usage counts bound pods and pods we ungated that kube-scheduler has not bound yet."""
-    excluded = set(_static_exclusions(cache, plan))
+def decide(
+    cache: ClusterCache, plan: GangPlan, *, policy: str, extra_exclude: frozenset[str] = frozenset()
+) -> Decision:
+    """Node usage counts bound pods and pods we ungated that kube-scheduler has not bound yet.
+    ``extra_exclude``: nodes outside the topology domain being tried (``topology.py``)."""
+    excluded = set(_static_exclusions(cache, plan)) | extra_exclude
     nodes = {str(n["metadata"]["name"]): n for n in cache.objects(Kind.NODE)}
     last_shortfall = ""
     for _attempt in range(MAX_NODE_FIT_ATTEMPTS):
@@ -180,7 +183,12 @@ def decide_all(
     a gang that did not fit there, or whose pods overflow a node's CPU/memory, is decided again on
     its own afterwards. One entry per plan, in order: a Decision, or the fatal AllocationError."""
     results: list[Decision | AllocationError | None] = [None] * len(plans)
-    batch = [i for i, plan in enumerate(plans) if not any(g.pinned_node or g.conflict for g in plan.groups)]
+    from driver.controller.topology import decide_in_domains  # imports this module: import when used
+
+    batch = [
+        i for i, plan in enumerate(plans)
+        if plan.topology_key is None and not any(g.pinned_node or g.conflict for g in plan.groups)
+    ]  # fmt: skip
     if len(batch) > 1:
         nodes = {str(n["metadata"]["name"]): n for n in cache.objects(Kind.NODE)}
         while batch:
@@ -219,7 +227,10 @@ def decide_all(
         if results[index] is not None:
             continue
         try:
-            decision = decide(cache, plan, policy=policy)
+            if plan.topology_key is not None:  # one domain at a time
+                decision = decide_in_domains(cache, plan, policy=policy)
+            else:
+                decision = decide(cache, plan, policy=policy)
         except AllocationError as error:
             results[index] = error
             continue

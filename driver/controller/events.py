@@ -153,13 +153,20 @@ class EventRecorder:
         self._memory.forget(f"gang:{gang}")
 
     def gang_unschedulable(
-        self, gang: GangKey, pod: dict[str, Any], message: str, *, reason: str = REASON_UNSCHEDULABLE
+        self, gang: GangKey, pod: dict[str, Any], message: str, *, reason: str = REASON_UNSCHEDULABLE,
+        also: dict[str, Any] | None = None,
     ) -> bool:
-        """Emit the gang's Event unless the same message was the last one; True when emitted."""
+        """Emit the gang's Event unless the same message was the last one; True when emitted.
+        ``also``: the gang's PodGroup (or Workload) as an object reference; it gets the Event too."""
         if not self._memory.claim(f"gang:{gang}", message):
             return False
         try:
             self._emit(pod, reason=reason, message=message)
+            if also is not None and also.get("name") and also.get("kind"):
+                target = {"metadata": {"name": also["name"], "namespace": also.get("namespace") or
+                                       pod["metadata"]["namespace"], "uid": also.get("uid")}}  # fmt: skip
+                self._emit(target, reason=reason, message=message, kind=str(also["kind"]),
+                           api_version=str(also.get("apiVersion") or ""))  # fmt: skip
         except BaseException:
             self._memory.forget(f"gang:{gang}", message)  # not said: say it next time
             raise
@@ -188,7 +195,9 @@ class EventRecorder:
                     f"{meta.get('name')}", "reason": bounded(problem)})  # fmt: skip
         return True
 
-    def _emit(self, obj: dict[str, Any], *, reason: str, message: str, kind: str = "Pod") -> None:
+    def _emit(
+        self, obj: dict[str, Any], *, reason: str, message: str, kind: str = "Pod", api_version: str = ""
+    ) -> None:
         meta = obj["metadata"]
         now = _now()
         body = {
@@ -196,7 +205,7 @@ class EventRecorder:
             "kind": "Event",
             "metadata": {"generateName": f"{meta['name'][:200]}.", "namespace": meta["namespace"]},
             "involvedObject": {
-                "apiVersion": _INVOLVED_API_VERSIONS[kind],
+                "apiVersion": api_version or _INVOLVED_API_VERSIONS[kind],
                 "kind": kind,
                 "name": meta["name"],
                 "namespace": meta["namespace"],

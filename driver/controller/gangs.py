@@ -1,10 +1,14 @@
 """What a gang needs next, read from the cache: wait, release a half-done allocation, allocate, or
 just ungate. Pure over the cache's snapshots (the caller holds ``cache.lock``).
 
-A gang is the gated pods sharing a ``fractional.dev/gang`` label value in a namespace (a gated
-pod without the label is a gang of one). It is ready when ``fractional.dev/gang-size`` pods exist
-and every claim of every gated pod exists. Claims of any driver are allocated: the allocator
-follows upstream semantics over every published slice, so all of a pod's claims land on one node;
+A gang is the gated pods sharing one identity (``gang_identity``: a PodGroup, a Workload's pod
+group, our ``fractional.dev/gang`` label, or a third-party marker; a gated pod without one is a
+gang of one). Its first ``minCount`` pods (by name) are placed together when that many exist and
+every claim of theirs exists; pods beyond ``minCount``, and every pod of a ``basic`` policy, are
+then placed one by one as they come, never by taking devices from the first ones. When
+kube-scheduler's gang PostFilter clears our allocations before the pods bind, the gang is planned
+again as a whole. Claims of any driver are allocated: the allocator follows upstream semantics
+over every published slice, so all of a pod's claims land on one node;
 leaving another driver's claims to kube-scheduler could pick a node where ours do not fit, and its
 PostFilter would then clear our allocation.
 """
@@ -15,11 +19,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from driver.controller.cache import ClusterCache, Kind
+from driver.controller.gang_identity import GangSpec, identify, podgroup_claim, resolve
 from driver.controller.kueue import reservation_wait_reason
 from driver.controller.objects import (
     GangKey,
     allocation_node,
-    gang_size_of,
     has_finalizer,
     is_deleting,
     is_gated,
@@ -27,7 +31,7 @@ from driver.controller.objects import (
     pod_claim_refs,
 )
 
-__all__ = ["MAX_GANG_PODS", "GangPlan", "PodGroup", "held_claims", "plan_gang"]
+__all__ = ["MAX_GANG_PODS", "GangPlan", "PodGroup", "gang_spec", "held_claims", "plan_gang"]
 
 MAX_GANG_PODS = 4096  # a gang-size annotation above this is refused, not searched for
 
@@ -54,6 +58,8 @@ class GangPlan:
     signature: str = ""  # changes when what the gang asks for changes
     all_pods: tuple[dict[str, Any], ...] = field(default=())
     invalid: tuple[tuple[Kind, dict[str, Any], str], ...] = ()  # objects rejected when read, and why
+    topology_key: str | None = None  # every pod on nodes sharing this label's value
+    target: dict[str, Any] | None = None  # the PodGroup (or Workload) Events also go to
 
 
 def _is_allocated(claim: dict[str, Any]) -> bool:
@@ -101,11 +107,54 @@ def _cannot_complete(cache: ClusterCache, plan: GangPlan) -> GangPlan:
     )  # fmt: skip
 
 
+def gang_spec(cache: ClusterCache, pods: list[dict[str, Any]]) -> GangSpec:
+    """The gang's spec, read from its first pod's identity and the cached gang objects."""
+    ref = identify(pods[0], cache.gang_sources)
+
+    def lookup(kind: str, key: str) -> dict[str, Any] | None:
+        return cache.get(Kind(kind), key)
+
+    return resolve(ref, lookup)
+
+
+def _placement_undone(cache: ClusterCache, pod: dict[str, Any]) -> bool:
+    """An ungated pod, not bound, with a claim we allocated (our finalizer) that lost its allocation
+    and is reserved for nobody: kube-scheduler's gang PostFilter cleared it."""
+    if is_gated(pod) or (pod.get("spec") or {}).get("nodeName"):
+        return False
+    namespace = pod["metadata"]["namespace"]
+    for ref in pod_claim_refs(pod):
+        claim = cache.get(Kind.CLAIM, f"{namespace}/{ref.claim_name}") if ref.claim_name else None
+        if claim is not None and has_finalizer(claim) and not (claim.get("status") or {}).get("allocation") \
+                and not (claim.get("status") or {}).get("reservedFor"):  # fmt: skip
+            return True
+    return False
+
+
+def _one_by_one(cache: ClusterCache, gated: tuple[dict[str, Any], ...]) -> tuple[dict[str, Any], ...]:
+    """Pods placed one by one (a basic policy, or beyond minCount): those whose claims are all
+    allocated (just ungate them), else the first gated pod alone; the next follows when it is ungated."""
+    ready = []
+    for pod in gated:
+        namespace = pod["metadata"]["namespace"]
+        refs = pod_claim_refs(pod)
+        claims = [
+            cache.get(Kind.CLAIM, f"{namespace}/{r.claim_name}") if r.claim_name else None for r in refs
+        ]
+        if all(c is not None and _is_allocated(c) for c in claims):
+            ready.append(pod)
+    return tuple(ready) or gated[:1]
+
+
 def plan_gang(cache: ClusterCache, key: GangKey) -> GangPlan:
     pods = [p for p in cache.gang_pods(key) if not is_deleting(p)]
     gated = tuple(p for p in pods if is_gated(p))
+    replanning = False
     if not gated:
-        return GangPlan(key=key, action="idle")
+        gated = tuple(p for p in pods if _placement_undone(cache, p))
+        if not gated:
+            return GangPlan(key=key, action="idle")
+        replanning = True  # kube-scheduler's PostFilter cleared our allocations: place them again, whole
     if kueue_reason := reservation_wait_reason(gated):  # issue 14: Kueue's gate, or the check places them
         return GangPlan(key=key, action="wait", reason=kueue_reason, gated=gated)
     invalid = tuple(
@@ -117,34 +166,37 @@ def plan_gang(cache: ClusterCache, key: GangKey) -> GangPlan:
         return _cannot_complete(
             cache, GangPlan(key=key, action="wait", reason="a pod was rejected", gated=gated, invalid=invalid)
         )
-    sizes = [gang_size_of(p) for p in pods]
-    if any(size is None for size in sizes):
+    spec = gang_spec(cache, pods)
+    if spec.invalid or spec.waiting:
+        return _cannot_complete(
+            cache, GangPlan(key=key, action="wait", reason=spec.invalid or spec.waiting, gated=gated,
+                            target=spec.target),
+        )  # fmt: skip
+    size = len(pods) if spec.whole or spec.min_count is None else spec.min_count
+    if size > MAX_GANG_PODS:
+        return _cannot_complete(
+            cache,
+            GangPlan(key=key, action="wait", gated=gated,
+                     reason=f"gang size {size} is over the limit of {MAX_GANG_PODS} pods"),
+        )  # fmt: skip
+    # Once a pod of the gang was ungated the gang is committed (ungating is the commit point):
+    # the rest of it follows even when a member has gone since; it is not held back or released.
+    committed = any(not is_gated(p) for p in pods) and not replanning
+    if len(pods) < size and not committed:
         return _cannot_complete(
             cache,
             GangPlan(
                 key=key,
                 action="wait",
-                reason="fractional.dev/gang-size is not a positive integer",
+                reason=f"{len(pods)} of {size} pods exist",
                 gated=gated,
+                size=size,
+                target=spec.target,
             ),
         )
-    size = max(s for s in sizes if s is not None)
-    if size > MAX_GANG_PODS:
-        return _cannot_complete(
-            cache,
-            GangPlan(key=key, action="wait", gated=gated,
-                     reason=f"fractional.dev/gang-size {size} is over the limit of {MAX_GANG_PODS} pods"),
-        )  # fmt: skip
-    # Once a pod of the gang was ungated the gang is committed (ungating is the commit point):
-    # the rest of it follows even when a member has gone since; it is not held back or released.
-    committed = any(not is_gated(p) for p in pods)
-    if len(pods) < size and not committed:
-        return _cannot_complete(
-            cache,
-            GangPlan(
-                key=key, action="wait", reason=f"{len(pods)} of {size} pods exist", gated=gated, size=size
-            ),
-        )
+    # Pod by pod (no gang, or the pods beyond minCount), else the first minCount pods together; the
+    # rest follow one by one once these are placed.
+    gated = _one_by_one(cache, gated) if spec.basic or committed else gated[:size]
 
     # Resolve each gated pod's claims.
     claims_of: list[list[dict[str, Any]]] = []
@@ -153,6 +205,8 @@ def plan_gang(cache: ClusterCache, key: GangKey) -> GangPlan:
         namespace = pod["metadata"]["namespace"]
         resolved: list[dict[str, Any]] = []
         for ref in pod_claim_refs(pod):
+            if ref.claim_name is None:
+                ref = podgroup_claim(pod, ref, spec)
             if ref.claim_name is None:
                 return _cannot_complete(
                     cache,
@@ -244,6 +298,8 @@ def plan_gang(cache: ClusterCache, key: GangKey) -> GangPlan:
         size=size,
         signature=signature,
         all_pods=tuple(pods),
+        topology_key=spec.topology_key,
+        target=spec.target,
     )
     if pending_total == 0:
         return GangPlan(
@@ -254,10 +310,11 @@ def plan_gang(cache: ClusterCache, key: GangKey) -> GangPlan:
             size=size,
             signature=signature,
             all_pods=tuple(pods),
+            target=spec.target,
         )
 
     # A gang half-allocated by us (a crash mid-gang): every pod still gated, some claims ours.
-    if len(gated) == len(pods):
+    if not committed:
         release = held_claims(cache, gated)
         if release:
             return GangPlan(

@@ -130,6 +130,13 @@ class ControllerMetrics:
             "How long the longest-waiting gang has waited since the controller first saw it gated.",
             registry=r,
         )
+        self.gang_api = Gauge(
+            "fractional_controller_gang_api_info",
+            "1 for the scheduling.k8s.io version whose Workload/PodGroup the controller reads "
+            "('none': none served).",
+            ["version"],
+            registry=r,
+        )
         self._fragmentation_lock = threading.Lock()
         self._fragmentation: Fragmentation | None = None
         self._gang_first_seen: dict[str, float] = {}

@@ -45,6 +45,7 @@ from driver.controller.objects import (
     pod_claim_refs,
 )
 from driver.controller.pipeline import Job, Writers
+from driver.controller.preempting import Preemptor
 from driver.controller.writer import ApiWriter, HaltWrites
 from driver.errors import AllocationError, ConflictError, FractionalError, NotFoundError
 
@@ -63,6 +64,7 @@ class ReconcilerSettings:
     provisioning_requests: bool = False
     provisioning_class: str = "best-effort-atomic-scale-up.autoscaling.x-k8s.io"
     topology_label: str = "topology.kubernetes.io/zone"
+    preemption: bool = True  # evict lower-priority pods for a gang that does not fit (preempting.py)
 
 
 @dataclass
@@ -90,6 +92,7 @@ class Reconciler:
     requeue_later: Callable[[str], float]  # with per-key backoff
     capacity_freed: Callable[[], None] = lambda: None  # requeues the gangs waiting for room
     gate_seen: dict[str, float] = field(default_factory=dict)
+    preemptor: Preemptor | None = None  # None: --preemption=false
     latencies: list[float] = field(default_factory=list)
     unschedulable: set[GangKey] = field(default_factory=set)
     _unfit: dict[GangKey, _Unfit] = field(default_factory=dict)
@@ -164,7 +167,7 @@ class Reconciler:
                 if plan.action == "allocate" and unfit and unfit.key == (plan.signature, generation):
                     continue  # did not fit, and neither the gang nor the capacity changed since
                 (ready if plan.action == "allocate" else others).append(plan)
-            decisions = decide_all(self.cache, ready, policy=self.settings.policy) if ready else []
+            decisions = self._decide_all(ready) if ready else []
         for plan in others:
             self._act(plan)
         for plan, outcome in zip(ready, decisions, strict=True):
@@ -172,6 +175,8 @@ class Reconciler:
                 self._failed(plan, outcome)
             elif outcome.outcome == "allocated":
                 self._mark_unschedulable(plan.key, fit=True)
+                if self.preemptor is not None:
+                    self.preemptor.placed(plan.key)
                 self.metrics.decisions.labels(outcome="allocated").inc()
                 self.metrics.decision_seconds.observe(time.monotonic() - started)
                 self._start_job(
@@ -181,10 +186,26 @@ class Reconciler:
             else:
                 self._mark_unschedulable(plan.key, fit=False)
                 self.metrics.decisions.labels(outcome="unschedulable").inc()
+                if self.capacity_generation() != generation:
+                    # Capacity changed while we decided: that change's requeue came before the gang
+                    # was marked unschedulable, so look again now rather than at the next resync.
+                    self.requeue(GANG_PREFIX + plan.key)
                 self._start_job(
                     [GANG_PREFIX + plan.key],
-                    lambda w, plan=plan, decision=outcome: self._explain(w, plan, decision, generation),  # type: ignore[misc]
+                    lambda w, plan=plan, decision=outcome: self._unschedulable(w, plan, decision, generation),  # type: ignore[misc]
                 )
+
+    def _decide_all(self, ready: list[GangPlan]) -> list[Decision | AllocationError]:
+        """``decide_all``, with the preemptor's nominations in force when there is one."""
+        if self.preemptor is None:
+            return decide_all(self.cache, ready, policy=self.settings.policy)
+        return self.preemptor.decide_all(ready, policy=self.settings.policy, decide_all=decide_all)
+
+    def _unschedulable(self, writers: Writers, plan: GangPlan, decision: Decision, generation: int) -> None:
+        """An unschedulable gang's job: make room by preemption (preempting.py), else say why not."""
+        if self.preemptor is not None and self.preemptor.preempt(plan, policy=self.settings.policy):
+            return  # victims are going; the release of their claims queues the gang again
+        self._explain(writers, plan, decision, generation)
 
     def _failed(self, plan: GangPlan, failure: AllocationError) -> None:
         self._mark_unschedulable(plan.key, fit=False)
@@ -398,7 +419,7 @@ class Reconciler:
             if offer and offer.shares
             else "no node offers any"
         )
-        if "CPU/memory" in decision.reason or "room for the pods" in decision.reason:
+        if "CPU/memory" in decision.reason or "room for the pods" in decision.reason or plan.topology_key:
             message += f"; {decision.reason}"
         shapes = profile_shapes(self.settings.hint_profiles) + existing_node_shapes(slices, nodes)
         hint = compute_hint(
@@ -410,7 +431,7 @@ class Reconciler:
         message += (
             f"; scale-up hint: {hint.nodes} x {hint.profile}" if hint else "; no known node shape fits it"
         )
-        writers.recorder.gang_unschedulable(plan.key, plan.gated[0], message)
+        writers.recorder.gang_unschedulable(plan.key, plan.gated[0], message, also=plan.target)
         provisioning = None
         if hint is not None and self.settings.provisioning_requests and not kueue_provisions(plan.gated):
             request = writers.recorder.publish_provisioning_request(
@@ -472,4 +493,12 @@ class Reconciler:
                 "allocation vanished",
                 extra={"claim": key, "pod": ", ".join(sorted(str(object_key(u)) for u in running))},
             )
+            # Not bound yet, in a gang: kube-scheduler's gang PostFilter undid the placement; the gang
+            # is planned again as a whole (gangs.py), our finalizer kept meanwhile.
+            gangs = {g for u in running if not (u.get("spec") or {}).get("nodeName")
+                     and (g := self.cache.gang_of_pod(str(object_key(u)))) is not None}  # fmt: skip
+            if gangs:
+                for gang in sorted(gangs):
+                    self.requeue(GANG_PREFIX + gang)
+                return
         self._start_job([queue_key], lambda w: self._release(w.writer, claim))  # a crash leftover's finalizer

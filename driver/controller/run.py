@@ -13,6 +13,7 @@ from collections.abc import Callable
 from driver.config import ControllerConfig
 from driver.controller.controller import Controller
 from driver.controller.elector import Clock, LeaderElector
+from driver.controller.gang_identity import parse_gang_sources
 from driver.controller.kueue_worker import KueueCheckSettings, start_admission_check
 from driver.controller.metrics import ControllerMetrics
 from driver.controller.reconcile import ReconcilerSettings
@@ -34,6 +35,7 @@ def settings_from_config(config: ControllerConfig) -> ReconcilerSettings:
         provisioning_requests=config.provisioning_requests,
         provisioning_class=config.provisioning_class,
         topology_label=config.topology_label,
+        preemption=config.preemption,
     )
 
 
@@ -93,7 +95,7 @@ def run_controller(
             metrics.leader.set(1)
         controller = Controller(
             configuration=configuration, settings=settings_from_config(config), identity=config.identity,
-            metrics=metrics, write_hook=write_hook,
+            metrics=metrics, write_hook=write_hook, gang_sources=parse_gang_sources(config.gang_sources),
         )  # fmt: skip
         controller.start()
         if config.kueue_admission_check:  # issue 14: the AdmissionCheck fractional.dev/placement

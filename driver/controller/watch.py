@@ -11,6 +11,7 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable, Iterator
+from functools import partial
 from typing import Any
 
 import urllib3.exceptions
@@ -42,13 +43,17 @@ class _Gone(Exception):
     """The watch's resourceVersion is too old (410): re-list."""
 
 
-def _list_function(kind: Kind, api_client: client.ApiClient) -> Callable[..., Any]:
-    resource = client.ResourceV1Api(api_client)
+def _list_function(
+    kind: Kind, api_client: client.ApiClient, resource: tuple[str, str, str] | None = None
+) -> Callable[..., Any]:
+    if resource is not None:  # (group, version, plural): workloads and podgroups, at the version discovered
+        return partial(client.CustomObjectsApi(api_client).list_cluster_custom_object, *resource)
+    resource_api = client.ResourceV1Api(api_client)
     core = client.CoreV1Api(api_client)
     functions: dict[Kind, Callable[..., Any]] = {
-        Kind.SLICE: resource.list_resource_slice,
-        Kind.CLASS: resource.list_device_class,
-        Kind.CLAIM: resource.list_resource_claim_for_all_namespaces,
+        Kind.SLICE: resource_api.list_resource_slice,
+        Kind.CLASS: resource_api.list_device_class,
+        Kind.CLAIM: resource_api.list_resource_claim_for_all_namespaces,
         Kind.POD: core.list_pod_for_all_namespaces,
         Kind.NODE: core.list_node,
     }
@@ -66,6 +71,7 @@ class Watcher(threading.Thread):
         stop: threading.Event,
         watch_timeout_seconds: int = 60,
         backoff_seconds: float = 0.5,
+        resource: tuple[str, str, str] | None = None,
     ) -> None:
         super().__init__(name=f"watch-{kind.value}", daemon=True)
         self.kind = kind
@@ -79,6 +85,7 @@ class Watcher(threading.Thread):
         self._response_lock = threading.Lock()
         self._response: Any = None
         self.relists = 0
+        self.resource = resource  # (group, version, plural) when not the kind's built-in endpoint
 
     def interrupt(self) -> None:
         """Unblock a watch read so the thread sees ``stop`` (called after ``stop`` is set)."""
@@ -90,7 +97,7 @@ class Watcher(threading.Thread):
 
     def run(self) -> None:
         api_client = new_api_client(self._configuration)
-        list_function = _list_function(self.kind, api_client)
+        list_function = _list_function(self.kind, api_client, self.resource)
         resource_version: str | None = None
         try:
             while not self._stop_event.is_set():

@@ -185,16 +185,21 @@ class ApiWriter:
         remaining = [g for g in gates if g.get("name") != GATE]
         if len(remaining) == len(gates):
             return pod
-        body = copy.deepcopy(pod)
-        body["spec"]["schedulingGates"] = remaining
         meta = pod["metadata"]
+        # A merge patch guarded by the resourceVersion (a stale one gets 409, as a replace would), not
+        # a replace: the client's models refuse pod fields they do not know (1.35's spec.workloadRef).
+        body = {
+            "metadata": {"resourceVersion": meta.get("resourceVersion")},
+            "spec": {"schedulingGates": remaining},
+        }
         self._check_fence()
         with api_errors(f"remove scheduling gate from Pod {meta['namespace']}/{meta['name']}"):
             stored = _body(
-                self._core.replace_namespaced_pod(
+                self._core.patch_namespaced_pod(
                     meta["name"],
                     meta["namespace"],
                     body,
+                    _content_type=MERGE_PATCH,
                     _preload_content=False,
                     _request_timeout=REQUEST_TIMEOUT_SECONDS,
                 )

@@ -162,8 +162,8 @@ GRANTS: tuple[Grant, ...] = (
         "cluster",
         "",
         "pods",
-        ("get", "list", "watch", "update", "patch"),
-        "gated pods: watch them, re-read, remove the scheduling gate with an update carrying the "
+        ("get", "list", "watch", "patch"),
+        "gated pods: watch them, re-read, remove the scheduling gate with a merge patch carrying the "
         "resourceVersion, patch the scale-up-hint annotation (driver/controller/writer.py); the "
         "controller-pods admission policy denies every other change to a pod",
         CONTROLLER_CODE,
@@ -239,6 +239,26 @@ GRANTS: tuple[Grant, ...] = (
         resource_names=("fractional-dra-controller",),
     ),
 )
+
+GANG_OBJECTS: tuple[Grant, ...] = tuple(
+    Grant(
+        "controller",
+        "cluster",
+        group,
+        resource,
+        ("list", "watch"),
+        f"gangs (issue 13): {why}, watched at the version discovery finds (driver/controller/watch.py, "
+        "gang_api.py)",
+        CONTROLLER_CODE,
+    )
+    for group, resource, why in (
+        ("scheduling.k8s.io", "workloads", "a Workload's podGroups[].policy.gang.minCount (1.35)"),
+        ("scheduling.k8s.io", "podgroups", "a PodGroup's minCount, topology and claims (1.36+)"),
+        ("scheduling.x-k8s.io", "podgroups", "scheduler-plugins coscheduling's PodGroup minMember"),
+        ("scheduling.volcano.sh", "podgroups", "Volcano's PodGroup minMember"),
+    )
+)
+GRANTS = (*GRANTS, *GANG_OBJECTS)
 
 # Only with controller.provisioningRequests.enabled=true.
 PROVISIONING_REQUESTS: tuple[Grant, ...] = (

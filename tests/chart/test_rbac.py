@@ -150,6 +150,14 @@ CUSTOM_PLURALS = {
     "workloads": "kueue.x-k8s.io",
     "admissionchecks": "kueue.x-k8s.io",
 }
+# Custom-object calls whose group, version and plural are discovered at run time (issue 13: the
+# served gang API): file -> the (group, plural) pairs it may list and watch.
+DISCOVERED_CUSTOM = {
+    "driver/controller/watch.py": (
+        ("scheduling.k8s.io", "workloads"), ("scheduling.k8s.io", "podgroups"),
+        ("scheduling.x-k8s.io", "podgroups"), ("scheduling.volcano.sh", "podgroups"),
+    ),
+}
 VERBS = {
     "read": "get",
     "list": "list",
@@ -196,6 +204,12 @@ def _calls_in(path: Path) -> set[tuple[str, str, str]]:
         name = match.group(2).removesuffix("_with_http_info")
         status = name.endswith("_status")
         name = name.removesuffix("_status").removesuffix("_for_all_namespaces").removeprefix("namespaced_")
+        discovered = DISCOVERED_CUSTOM.get(str(path.relative_to(REPO_ROOT)))
+        if name in ("custom_object", "cluster_custom_object") and discovered:
+            found.update((group, plural, verb) for group, plural in discovered)
+            if verb == "list" and WATCH.search(text):
+                found.update((group, plural, "watch") for group, plural in discovered)
+            continue
         if name in ("custom_object", "cluster_custom_object"):
             # the plural is the first known one quoted in the call's arguments (else any in the file)
             quoted = re.search(
