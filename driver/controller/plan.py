@@ -14,6 +14,14 @@ Claims file (YAML), either a ``gangs`` document::
 or plain ``ResourceClaim`` documents (``---``-separated); each is a gang of one pod, unless
 claims carry the ``fractional.dev/gang`` label, which groups them into one gang with one pod
 per claim. Each gang is planned on its own; the last row places all gangs together.
+
+Gangs as Kubernetes writes them (issue 13) are read too: a ``scheduling.k8s.io`` ``PodGroup``
+(``minCount`` pods) or a ``Workload``'s pod group (``podGroups`` on 1.35, ``podGroupTemplates``
+on 1.36+, unless a PodGroup in the file is made from that template), with the ``Pod`` documents
+that point at it (``spec.schedulingGroup`` or ``spec.workloadRef``) and the
+``ResourceClaimTemplate``/``ResourceClaim`` documents their claims name; the first such pod's
+claims are planned ``minCount`` times. A claim shared through the PodGroup (KEP-5729) is left
+out: the plan counts per-pod claims.
 """
 
 from __future__ import annotations
@@ -88,6 +96,89 @@ def _claim_spec(source: str, field: str, raw: Any) -> dict[str, Any]:
     return raw
 
 
+def _min_count(policy: Any) -> int | None:
+    """``{gang: {minCount}}`` -> minCount; ``{basic: {}}`` -> 1; else None."""
+    if not isinstance(policy, dict):
+        return None
+    if "basic" in policy and "gang" not in policy:
+        return 1
+    count = (policy.get("gang") or {}).get("minCount")
+    return count if isinstance(count, int) and not isinstance(count, bool) and count >= 1 else None
+
+
+def scheduling_gangs(path: str, documents: list[Any]) -> tuple[list[Gang], set[str]]:
+    """Gangs from Workload/PodGroup documents and the Pods that point at them; also the names of
+    the ResourceClaim documents their pods use."""
+    by_kind: dict[str, list[dict[str, Any]]] = {}
+    for document in documents:
+        by_kind.setdefault(str(document.get("kind")), []).append(document)
+    templates = {
+        str(d["metadata"]["name"]): (d.get("spec") or {}).get("spec")
+        for d in by_kind.get("ResourceClaimTemplate", ())
+    }
+    claims = {str(d["metadata"]["name"]): d.get("spec") for d in by_kind.get("ResourceClaim", ())}
+    pods = by_kind.get("Pod", [])
+    used: set[str] = set()
+
+    def pod_claims(pod: dict[str, Any], shared: list[dict[str, Any]]) -> tuple[dict[str, Any], ...]:
+        name = pod["metadata"].get("name")
+        specs = []
+        for position, entry in enumerate((pod.get("spec") or {}).get("resourceClaims") or ()):
+            fields = ("name", "resourceClaimName", "resourceClaimTemplateName")
+            if any(all(s.get(f) == entry.get(f) for f in fields)
+                   for s in shared):  # fmt: skip
+                continue  # one claim for the whole PodGroup
+            field = f"Pod {name}: spec.resourceClaims[{position}]"
+            if entry.get("resourceClaimTemplateName"):
+                spec = templates.get(str(entry["resourceClaimTemplateName"]))
+            else:
+                spec = claims.get(str(entry.get("resourceClaimName")))
+                used.add(str(entry.get("resourceClaimName")))
+            if spec is None:
+                raise _fail(path, field, "names a ResourceClaimTemplate or ResourceClaim not in the file")
+            specs.append(_claim_spec(path, field, spec))
+        return tuple(specs)
+
+    gangs: list[Gang] = []
+    covered: set[tuple[str, str]] = set()  # (workload, template) a PodGroup in the file is made from
+    for group in by_kind.get("PodGroup", ()):
+        name, spec = str(group["metadata"]["name"]), group.get("spec") or {}
+        ref = spec.get("workloadRef") or (spec.get("podGroupTemplateRef") or {}).get("workload") or {}
+        covered.add(
+            (str(ref.get("workloadName")), str(ref.get("templateName") or ref.get("podGroupTemplateName")))
+        )
+        count = _min_count(spec.get("schedulingPolicy"))
+        if count is None:
+            raise _fail(path, f"PodGroup {name}: spec.schedulingPolicy", "no gang.minCount or basic policy")
+        members = [
+            p
+            for p in pods
+            if ((p.get("spec") or {}).get("schedulingGroup") or {}).get("podGroupName") == name
+        ]
+        if not members:
+            raise _fail(path, f"PodGroup {name}", "no Pod in the file names it in spec.schedulingGroup")
+        specs = pod_claims(members[0], list(spec.get("resourceClaims") or ()))
+        gangs.append(Gang(name=name, replicas=count, claim_specs=specs))
+    for workload in by_kind.get("Workload", ()):
+        name, spec = str(workload["metadata"]["name"]), workload.get("spec") or {}
+        entries = [(e, e.get("policy")) for e in spec.get("podGroups") or ()]
+        entries += [(e, e.get("schedulingPolicy")) for e in spec.get("podGroupTemplates") or ()]
+        for entry, policy in entries:
+            template = str(entry.get("name"))
+            if (name, template) in covered:
+                continue
+            count = _min_count(policy)
+            members = [p for p in pods if ((p.get("spec") or {}).get("workloadRef") or {}).get("name") == name
+                       and (p["spec"]["workloadRef"].get("podGroup") == template)]  # fmt: skip
+            if count is None or not members:
+                problem = "needs a gang.minCount or basic policy and a Pod whose spec.workloadRef names it"
+                raise _fail(path, f"Workload {name}: pod group {template}", problem)
+            gangs.append(
+                Gang(name=f"{name}/{template}", replicas=count, claim_specs=pod_claims(members[0], []))
+            )
+    return gangs, used
+
+
 def parse_claims_file(path: str) -> tuple[list[Gang], list[dict[str, Any]]]:
     """Gangs and device classes from a claims file (format in the module docstring)."""
     try:
@@ -99,11 +190,17 @@ def parse_claims_file(path: str) -> tuple[list[Gang], list[dict[str, Any]]]:
     except RecursionError as error:  # PyYAML composes recursively: a deeply nested file
         raise _fail(path, "file", "nested too deeply to read") from error
     classes = build_device_classes()
-    gangs: list[Gang] = []
-    grouped: dict[str, list[dict[str, Any]]] = {}
     for index, document in enumerate(documents):
         if not isinstance(document, dict):
             raise _fail(path, f"document {index}", "expected a mapping")
+    gangs, used_claims = scheduling_gangs(path, documents)
+    grouped: dict[str, list[dict[str, Any]]] = {}
+    for index, document in enumerate(documents):
+        if (
+            document.get("kind") == "ResourceClaim"
+            and (document.get("metadata") or {}).get("name") in used_claims
+        ):
+            continue  # a pod of a PodGroup/Workload gang names it
         if document.get("kind") == "ResourceClaim":
             meta = document.get("metadata") or {}
             spec = _claim_spec(path, f"document {index}.spec", document.get("spec"))
