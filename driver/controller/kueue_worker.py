@@ -40,11 +40,11 @@ from driver.controller.kueue import (
     compute_backoff_seconds,
     decide_workload,
     find_check,
-    ours_is_last_gate,
+    foreign_gates,
     quota_reserved,
     reservation_problem,
 )
-from driver.controller.objects import FINALIZER, is_deleting, object_key, pod_claim_refs
+from driver.controller.objects import FINALIZER, GATE, is_deleting, object_key, pod_claim_refs
 from driver.controller.writer import ApiWriter, HaltWrites
 from driver.errors import ConflictError, FractionalError
 from driver.kube import REQUEST_TIMEOUT_SECONDS, api_errors
@@ -335,11 +335,12 @@ class KueueAdmissionCheck:
             and not is_deleting(p)
         ]
         reservation = self._reservations.get(key)
-        if mine and all(not ours_is_last_gate(p) and not _has_gate(p) for p in mine):
+        size = sum(int(s.get("count", 1)) for s in (workload.get("spec") or {}).get("podSets") or ())
+        if len(mine) >= size and not any(_has_our_gate(p) for p in mine):
             self._reservations.pop(key, None)  # placed (or placed by an earlier pass): nothing held
             return
         if reservation is None:
-            if mine and any(not _has_gate(p) for p in mine):
+            if any(not _has_our_gate(p) and pod_claim_refs(p) for p in mine):
                 return  # committed earlier (ungating is the commit point)
             # A restart lost it, or it was never ours in memory: plan again with what is free now.
             try:
@@ -372,12 +373,11 @@ class KueueAdmissionCheck:
         if problem:
             self._retry(workload, entry, f"the reservation can no longer be honoured: {problem}")
             return
-        arrived = [p for p in mine if ours_is_last_gate(p)]
-        if len(arrived) < len(reservation.pods):
-            if self._monotonic() > reservation.expires_at:
+        if len(mine) < len(reservation.pods) or any(foreign_gates(p) for p in mine):
+            if self._monotonic() > reservation.expires_at:  # not all here, or Kueue still gates some
                 self._retry(workload, entry, "the pods did not arrive while the reservation was held")
             return
-        self._place(reservation, arrived, claims)
+        self._place(reservation, mine, claims)
 
     def _retry(self, workload: dict[str, Any], entry: dict[str, Any], message: str) -> None:
         key = str(object_key(workload))
@@ -436,8 +436,8 @@ class KueueAdmissionCheck:
         self._reservations.pop(reservation.workload, None)
 
 
-def _has_gate(pod: dict[str, Any]) -> bool:
-    return bool((pod.get("spec") or {}).get("schedulingGates"))
+def _has_our_gate(pod: dict[str, Any]) -> bool:
+    return any(g.get("name") == GATE for g in (pod.get("spec") or {}).get("schedulingGates") or ())
 
 
 def start_admission_check(

@@ -206,7 +206,6 @@ def _set_pending(cluster: Cluster, name: str, *, reserve: bool = False) -> None:
     workload = cluster.custom.get_namespaced_custom_object(GROUP, VERSION, NS, "workloads", name)
     status = workload.get("status") or {}
     if reserve:
-        count = workload["spec"]["podSets"][0]["count"]
         status["conditions"] = [
             {
                 "type": "QuotaReserved",
@@ -219,7 +218,12 @@ def _set_pending(cluster: Cluster, name: str, *, reserve: bool = False) -> None:
         status["admission"] = {
             "clusterQueue": "team-a",
             "podSetAssignments": [
-                {"name": "main", "flavors": {"fractional.dev/gpu-memory": "gpu-nodes"}, "count": count}
+                {
+                    "name": p["name"],
+                    "flavors": {"fractional.dev/gpu-memory": "gpu-nodes"},
+                    "count": p["count"],
+                }
+                for p in workload["spec"]["podSets"]
             ],
         }
         status["admissionChecks"] = [
@@ -399,3 +403,71 @@ def test_message_timestamps_are_utc() -> None:
         "lastTransitionTime": "2026-02-03T04:05:06Z",
         "requeueAfterSeconds": 30,
     }
+
+
+def test_pod_sets_plan_as_one_gang_and_a_launcher_without_claims_is_no_obstacle(cluster: Cluster) -> None:
+    containers = [{"name": "c", "image": "busybox"}]
+    cluster.custom.create_namespaced_custom_object(
+        GROUP,
+        VERSION,
+        NS,
+        "workloads",
+        {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "Workload",
+            "metadata": {"name": "mpi"},
+            "spec": {
+                "queueName": "team-a",
+                "podSets": [
+                    {"name": "launcher", "count": 1, "template": {"spec": {"containers": containers}}},
+                    {
+                        "name": "workers",
+                        "count": 2,
+                        "template": {
+                            "spec": {
+                                "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "gpu-30"}],
+                                "containers": containers,
+                            }
+                        },
+                    },
+                ],
+            },
+        },
+    )
+    _set_pending(cluster, "mpi", reserve=True)
+    ready = wait_for(lambda: _ours(cluster, "mpi", "Ready"), what="Ready")
+    updates = {u["name"]: u["annotations"] for u in ready["podSetUpdates"]}
+    assert set(updates) == {"launcher", "workers"}
+    assert {a[GANG_SIZE_ANNOTATION] for a in updates.values()} == {"3"}
+    with ControllerManager(cluster.server.configuration(), interval_seconds=0.05):
+        cluster.core.create_namespaced_pod(
+            NS,
+            {  # the launcher has no claims, and no gate
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": "mpi-launcher", "annotations": updates["launcher"]},
+                "spec": {"containers": containers},
+            },
+        )
+        for i in range(2):
+            cluster.core.create_namespaced_pod(
+                NS,
+                {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {"name": f"mpi-worker-{i}", "annotations": updates["workers"]},
+                    "spec": {
+                        "schedulingGates": [{"name": GATE}],
+                        "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "gpu-30"}],
+                        "containers": containers,
+                    },
+                },
+            )
+        wait_for(
+            lambda: all(
+                not cluster.core.read_namespaced_pod(f"mpi-worker-{i}", NS).spec.scheduling_gates
+                for i in range(2)
+            ),
+            what="workers ungated",
+        )
+    wait_for(lambda: f"{NS}/mpi" not in cluster.check.reservations(), what="the reservation released")
