@@ -412,20 +412,22 @@ def build_check_status(
 
 
 def build_pod_set_updates(workload: Mapping[str, Any], size: int) -> list[dict[str, Any]]:
-    """Per pod set, the annotations that tie its pods to our reservation and name the gang size."""
+    """Per pod set, the annotations that tie its pods to our reservation and name the gang size.
+    A key the pod template already sets is left out: Kueue fails admission when an update would
+    change a value the template has (podSetUpdates are additive only)."""
     meta = workload.get("metadata") or {}
     key = f"{meta.get('namespace')}/{meta.get('name')}"
-    return [
-        {
-            "name": str(pod_set.get("name")),
-            "annotations": {
-                RESERVATION_ANNOTATION: key,
-                POD_SET_ANNOTATION: str(pod_set.get("name")),
-                GANG_SIZE_ANNOTATION: str(size),
-            },
+    updates = []
+    for pod_set in (workload.get("spec") or {}).get("podSets") or ():
+        present = (((pod_set.get("template") or {}).get("metadata") or {}).get("annotations")) or {}
+        wanted = {
+            RESERVATION_ANNOTATION: key,
+            POD_SET_ANNOTATION: str(pod_set.get("name")),
+            GANG_SIZE_ANNOTATION: str(size),
         }
-        for pod_set in (workload.get("spec") or {}).get("podSets") or ()
-    ]
+        annotations = {k: v for k, v in wanted.items() if k not in present}
+        updates.append({"name": str(pod_set.get("name")), "annotations": annotations})
+    return updates
 
 
 def ours_is_last_gate(pod: Mapping[str, Any]) -> bool:

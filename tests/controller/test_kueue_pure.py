@@ -19,7 +19,7 @@ from driver.controller.kueue import (
     reservation_problem,
     reservation_wait_reason,
 )
-from driver.controller.objects import GATE
+from driver.controller.objects import GANG_SIZE_ANNOTATION, GATE
 from driver.inventory.fake import load_profile, resolve_profile
 from driver.slices import build_device_classes, build_resource_slices
 
@@ -128,6 +128,9 @@ def test_pod_set_updates_and_wait_reasons() -> None:
     workload, _ = _workload("train", 4, "1Gi")
     (update,) = build_pod_set_updates(workload, 4)
     assert update["annotations"][RESERVATION_ANNOTATION] == "default/train"
+    workload["spec"]["podSets"][0]["template"]["metadata"] = {"annotations": {GANG_SIZE_ANNOTATION: "4"}}
+    (kept,) = build_pod_set_updates(workload, 4)
+    assert GANG_SIZE_ANNOTATION not in kept["annotations"]  # the template's own value stands
     pod = {
         "metadata": {"name": "p", "annotations": update["annotations"]},
         "spec": {"schedulingGates": [{"name": "kueue.x-k8s.io/elastic-job"}, {"name": GATE}]},
