@@ -126,6 +126,12 @@ def test_demo_small_scenario_outcome_in_the_api(tmp_path: Path) -> None:
         assert any(e.reason == "GangUnschedulable" for e in events)
         big_pod = core.read_namespaced_pod("big-0", "demo")
         assert big_pod.spec.scheduling_gates
+        # the preemption scene: research shares preempted, the high-priority gang placed
+        preempted = {e.involved_object.name for e in events if e.reason == "Preempted"}
+        assert preempted and all(name.startswith("research-") for name in preempted)
+        for index in range(2):
+            assert results(f"urgent-{index}-claim")
+            assert not core.read_namespaced_pod(f"urgent-{index}", "demo").spec.scheduling_gates
         assert (tmp_path / "out" / "packing.png").stat().st_size > 0
     finally:
         process.send_signal(signal.SIGINT)

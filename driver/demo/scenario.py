@@ -20,6 +20,7 @@ from driver.config import DemoConfig
 from driver.demo.binder import PodBinder
 from driver.demo.cluster import DemoNode, FakeCluster, wait_until
 from driver.demo.objects import as_dict, build_claim, build_pod, gpu_request, nic_request
+from driver.demo.preemption_scene import run_preemption_scene
 from driver.demo.report import (
     compute_gpu_usage,
     render_scrape_excerpt,
@@ -240,6 +241,10 @@ class _Demo:
         self.say(f"new pod {newcomer} placed on {new_gpu[0][0]}/{new_gpu[0][1]}, {reused}")
 
         self._report(names[:1] + names[2:] + [newcomer], binder)
+
+        # 5. priority preemption: low-priority shares fill the quietest node, a high-priority gang
+        # arrives there (after the report: its victims may include the inference shares above)
+        run_preemption_scene(self, NAMESPACE)
         return 0
 
     def _report_scrape(self, node: DemoNode, pod: str, claim_name: str) -> None:
