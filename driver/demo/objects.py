@@ -15,6 +15,8 @@ __all__ = [
     "build_device_classes",
     "build_node",
     "build_pod",
+    "build_pod_group",
+    "build_workload",
     "gpu_request",
     "nic_request",
 ]
@@ -103,20 +105,24 @@ def build_pod(
     *,
     gang: str | None = None,
     gang_size: int | None = None,
+    pod_group: str | None = None,
     cpu: str = "4",
     memory: str = "16Gi",
 ) -> dict[str, Any]:
-    """A pod gated for our controller, referencing existing claims by name."""
+    """A pod gated for our controller, referencing existing claims by name; in a gang by our label
+    (``gang``) or by ``spec.schedulingGroup`` (``pod_group``, a scheduling.k8s.io PodGroup)."""
     metadata: dict[str, Any] = {"name": name, "namespace": namespace, "labels": {"app": "demo"}}
     if gang:
         metadata["labels"][GANG_LABEL] = gang
         metadata["annotations"] = {GANG_SIZE_ANNOTATION: str(gang_size or 1)}
     resource_claims = [{"name": f"claim-{i}", "resourceClaimName": c} for i, c in enumerate(claim_names)]
+    group = {"schedulingGroup": {"podGroupName": pod_group}} if pod_group else {}
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": metadata,
         "spec": {
+            **group,
             "schedulingGates": [{"name": GATE}],
             "resourceClaims": resource_claims,
             "containers": [
@@ -129,5 +135,35 @@ def build_pod(
                     },
                 }
             ],
+        },
+    }
+
+
+SCHEDULING_API = "scheduling.k8s.io/v1beta1"  # the 1.37 shapes (reference/gangs.md)
+
+
+def build_workload(name: str, namespace: str, template: str, min_count: int) -> dict[str, Any]:
+    """A Workload with one gang template (what a Job controller writes on 1.37)."""
+    return {
+        "apiVersion": SCHEDULING_API,
+        "kind": "Workload",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "podGroupTemplates": [{"name": template, "schedulingPolicy": {"gang": {"minCount": min_count}}}]
+        },
+    }
+
+
+def build_pod_group(
+    name: str, namespace: str, workload: str, template: str, min_count: int
+) -> dict[str, Any]:
+    """The runtime PodGroup made from the Workload's template; pods name it in ``spec.schedulingGroup``."""
+    return {
+        "apiVersion": SCHEDULING_API,
+        "kind": "PodGroup",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "workloadRef": {"workloadName": workload, "templateName": template},
+            "schedulingPolicy": {"gang": {"minCount": min_count}},
         },
     }

@@ -19,7 +19,15 @@ from kubernetes import client
 from driver.config import DemoConfig
 from driver.demo.binder import PodBinder
 from driver.demo.cluster import DemoNode, FakeCluster, wait_until
-from driver.demo.objects import as_dict, build_claim, build_pod, gpu_request, nic_request
+from driver.demo.objects import (
+    as_dict,
+    build_claim,
+    build_pod,
+    build_pod_group,
+    build_workload,
+    gpu_request,
+    nic_request,
+)
 from driver.demo.preemption_scene import run_preemption_scene
 from driver.demo.report import (
     compute_gpu_usage,
@@ -120,12 +128,15 @@ class _Demo:
         match_pcie_root: bool = False,
         gang: str | None = None,
         gang_size: int | None = None,
+        pod_group: str | None = None,
     ) -> None:
         claim = build_claim(f"{name}-claim", NAMESPACE, requests, match_pcie_root=match_pcie_root)
         self.resource.create_namespaced_resource_claim(
             NAMESPACE, cast(Any, claim), _request_timeout=REQUEST_TIMEOUT_SECONDS
         )
-        pod = build_pod(name, NAMESPACE, [f"{name}-claim"], gang=gang, gang_size=gang_size)
+        pod = build_pod(
+            name, NAMESPACE, [f"{name}-claim"], gang=gang, gang_size=gang_size, pod_group=pod_group
+        )
         self.core.create_namespaced_pod(NAMESPACE, cast(Any, pod), _request_timeout=REQUEST_TIMEOUT_SECONDS)
 
     def running(self, names: list[str]) -> bool:
@@ -193,10 +204,26 @@ class _Demo:
 
         # 2. a training gang: whole GPUs, each paired with a NIC under one PCIe root
         gang = [f"train-{i}" for i in range(s.training_pods)]
-        self.say(f"creating training gang 'train': {len(gang)} pods, whole GPU + NIC on one PCIe root each")
+        self.say(
+            f"creating training gang 'train' as Kubernetes writes gangs (scheduling.k8s.io/v1beta1 Workload "
+            f"+ PodGroup, minCount {len(gang)}): {len(gang)} pods, whole GPU + NIC on one PCIe root each"
+        )
+        custom = client.CustomObjectsApi(self.core.api_client)
+        for plural, body in (
+            ("workloads", build_workload("train", NAMESPACE, "workers", len(gang))),
+            ("podgroups", build_pod_group("train-workers-0", NAMESPACE, "train", "workers", len(gang))),
+        ):
+            custom.create_namespaced_custom_object(
+                "scheduling.k8s.io",
+                "v1beta1",
+                NAMESPACE,
+                plural,
+                body,
+                _request_timeout=REQUEST_TIMEOUT_SECONDS,
+            )
         for name in gang:
             self.create_workload(
-                name, [gpu_request(), nic_request()], match_pcie_root=True, gang="train", gang_size=len(gang)
+                name, [gpu_request(), nic_request()], match_pcie_root=True, pod_group="train-workers-0"
             )
         self.expect(lambda: self.running(gang), "training gang allocated and running")
         for name in gang:
