@@ -151,6 +151,22 @@ class PodBinder:
         ]
         if not names or not all(names):
             return
+        claims = []
+        for name in names:
+            try:
+                with api_errors(f"get ResourceClaim {namespace}/{name}"):
+                    claims.append(
+                        as_dict(
+                            resource.read_namespaced_resource_claim(
+                                str(name), namespace, _request_timeout=REQUEST_TIMEOUT_SECONDS
+                            )
+                        )
+                    )
+            except NotFoundError:
+                return  # not created yet
+        pending = [c for c in claims if not (c.get("status") or {}).get("allocation")]
+        if not pending:
+            return
         with api_errors("list ResourceClaims"):
             every_claim = [
                 as_dict(c)
@@ -158,11 +174,6 @@ class PodBinder:
                     _request_timeout=REQUEST_TIMEOUT_SECONDS
                 ).items
             ]
-        by_name = {c["metadata"]["name"]: c for c in every_claim if c["metadata"]["namespace"] == namespace}
-        claims = [by_name.get(str(name)) for name in names]
-        pending = [c for c in claims if c is not None and not (c.get("status") or {}).get("allocation")]
-        if None in claims or not pending:
-            return
         with api_errors("list ResourceSlices and DeviceClasses"):
             slices = [
                 as_dict(s)

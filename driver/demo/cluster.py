@@ -93,7 +93,7 @@ class FakeCluster:
 
         # kube-controller-manager's part: claims from templates, Deployments, Jobs, garbage
         # collection and namespace deletion, so `kubectl apply` of any example runs here.
-        self.controller_manager = ControllerManager(self.api_server.configuration())
+        self.controller_manager = ControllerManager(self.api_server.configuration(), interval_seconds=0.5)
         self.controller_manager.start()
         return configuration
 
