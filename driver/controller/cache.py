@@ -75,15 +75,29 @@ class ClusterCache:
         self._assumed: dict[ObjectKey, dict[str, Any]] = {}
         self.gang_sources: frozenset[GangSource] = ALL_SOURCES  # set from --gang-sources / discovery
 
-    def gang_key(self, pod: dict[str, Any]) -> GangKey:
-        """The pod's gang among the sources turned on (``gang_identity.identify``)."""
-        return identify(pod, self.gang_sources).key
+    def _lookup(self, kind: str, key: str) -> dict[str, Any] | None:
+        return self._objects[Kind(kind)].get(ObjectKey(key))
 
-    def reindex_gang(self, gang: GangKey) -> None:
-        """Index the gang's pods again (their PodGroup changed: its claims, its size)."""
+    def gang_key(self, pod: dict[str, Any]) -> GangKey:
+        """The pod's gang among the sources turned on (``gang_identity.identify``); a pod whose
+        PodGroup or Workload pod group has a ``basic`` policy is a gang of one (pod by pod)."""
         with self.lock:
+            ref = identify(pod, self.gang_sources)
+            if ref.source in (GangSource.PODGROUP, GangSource.WORKLOAD) and resolve(ref, self._lookup).basic:
+                meta = pod.get("metadata") or {}
+                return GangKey(f"{meta.get('namespace')}/pod:{meta.get('name')}")
+            return ref.key
+
+    def reindex_gang(self, gang: GangKey) -> set[GangKey]:
+        """Index the gang's pods again (their PodGroup changed: its claims, its size, a basic
+        policy); returns the gangs they belong to now."""
+        with self.lock:
+            now: set[GangKey] = set()
             for key in list(self._gang_pods.get(gang, ())):
                 self._index_pod(key, self._objects[Kind.POD][key])
+                if (moved := self._pod_gang.get(key)) is not None:
+                    now.add(moved)
+            return now
 
     def set_gang_sources(self, sources: frozenset[GangSource]) -> None:
         """Turn gang sources on or off; every pod is indexed again."""
@@ -227,13 +241,13 @@ class ClusterCache:
             return
         ref = identify(pod, self.gang_sources)
         if is_gated(pod) or ref.source is not None:
-            gang = ref.key
+            gang = self.gang_key(pod)
             self._pod_gang[key] = gang
             self._gang_pods[gang].add(key)
         namespace = (pod.get("metadata") or {}).get("namespace")
         refs = pod_claim_refs(pod)
         if ref.source is GangSource.PODGROUP:  # claims shared through the PodGroup (KEP-5729)
-            spec = resolve(ref, lambda kind, k: self._objects[Kind(kind)].get(ObjectKey(k)))
+            spec = resolve(ref, self._lookup)
             refs = tuple(podgroup_claim(pod, r, spec) if r.claim_name is None else r for r in refs)
         claim_keys = tuple(ObjectKey(f"{namespace}/{r.claim_name}") for r in refs if r.claim_name)
         self._pod_claims[key] = claim_keys

@@ -121,5 +121,6 @@ class GangWatches:
 
     def _on_event(self, kind: Kind, event_type: str, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
         for gang in gangs_of_object(kind.value, obj, self._cache.gated_gangs()):
-            self._cache.reindex_gang(gang)  # its claims may resolve through the PodGroup now
-            self._enqueue_gang(gang)
+            # Its claims may resolve through the PodGroup now; a basic policy makes each pod its own.
+            for now in sorted(self._cache.reindex_gang(gang) | {gang}):
+                self._enqueue_gang(now)

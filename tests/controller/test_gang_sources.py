@@ -7,6 +7,7 @@ and the kubernetes #138765 shape."""
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -416,3 +417,63 @@ def test_a_gang_whose_allocations_kube_scheduler_cleared_is_placed_again_whole(
         cluster.resource.replace_namespaced_resource_claim_status(name, NAMESPACE, claim)
     wait_for(lambda: all(cluster.allocated(n) for n in names), what="the gang allocated again")
     assert all(cluster.has_finalizer(n) for n in names)
+
+
+def test_a_basic_policy_places_pod_by_pod(
+    cluster: Cluster, controller: Callable[..., RunningController]
+) -> None:
+    """``basic: {}``: no gang. Of two pods where only the second fits, it is placed (a gang, even of
+    minCount 1, would try the first and place neither)."""
+    cluster.add_node("node-a", "l4-2x")
+    group = {
+        "apiVersion": f"{SCHEDULING}/v1beta1",
+        "kind": "PodGroup",
+        "metadata": {"name": "loose", "namespace": NAMESPACE},
+        "spec": {"schedulingPolicy": {"basic": {}}},
+    }
+    _create(cluster, SCHEDULING, "v1beta1", "podgroups", group)
+    for name, memory in (("loose-0", "30Gi"), ("loose-1", "16Gi")):  # 30 GiB fits no 22 GiB L4
+        cluster.create_claim(gpu_claim(name, memory=memory, compute=None))
+        pod = gated_pod(name, [name])
+        pod["spec"]["schedulingGroup"] = {"podGroupName": "loose"}
+        _create_pod(cluster, pod)
+    controller()
+    wait_for(lambda: cluster.ungated("loose-1") and cluster.allocated("loose-1"), what="the pod that fits")
+    assert not cluster.ungated("loose-0") and not cluster.allocated("loose-0")
+
+
+def test_discovery_follows_what_the_server_serves(cluster: Cluster) -> None:
+    """A CRD installed later: the next refresh watches it, turns its source on (auto), and says so
+    in the metric."""
+    from driver.controller.cache import ClusterCache
+    from driver.controller.gang_identity import GangSource
+    from driver.controller.gang_watch import GangWatches
+    from driver.controller.metrics import ControllerMetrics
+
+    cache = ClusterCache(topology_label="topology.kubernetes.io/zone")
+    metrics, stop, queued = ControllerMetrics(), threading.Event(), []
+    watches = GangWatches(
+        configuration=cluster.server.configuration(), cache=cache, metrics=metrics,
+        enqueue_gang=queued.append, sources=None, stop=stop, watch_timeout_seconds=5,
+    )  # fmt: skip
+    try:
+        assert watches.refresh()
+        assert watches.api is not None and watches.api.version == "v1beta1"
+        assert GangSource.COSCHEDULING not in cache.gang_sources
+        assert (
+            metrics.registry.get_sample_value("fractional_controller_gang_api_info", {"version": "v1beta1"})
+            == 1
+        )
+        client.ApiextensionsV1Api(cluster.api_client).create_custom_resource_definition(
+            _crd(*CRD_VERSIONS["coscheduling"])
+        )
+        assert watches.refresh()
+        assert GangSource.COSCHEDULING in cache.gang_sources
+        assert {w.resource for w in watches.watchers()} >= {("scheduling.x-k8s.io", "v1alpha1", "podgroups")}
+        _create(cluster, "scheduling.x-k8s.io", "v1alpha1", "podgroups", {
+            "apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup",
+            "metadata": {"name": "late", "namespace": NAMESPACE}, "spec": {"minMember": 2}})  # fmt: skip
+        wait_for(lambda: f"{NAMESPACE}/coscheduling:late" in queued, what="the new PodGroup's gang queued")
+    finally:
+        stop.set()
+        watches.stop()
