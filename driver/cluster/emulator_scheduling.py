@@ -107,6 +107,7 @@ def scheduling_types(release: str) -> tuple[SchedulingResourceType, ...]:
                     kind,
                     namespaced=True,
                     status_subresource=kind != "Workload",
+                    status_reset_on_create=kind != "Workload",  # status is kube-scheduler's to write
                     returns_object_on_delete=True,
                     release=release,
                 )

@@ -81,7 +81,11 @@ def test_podgroup_spec_is_immutable_but_1_37_scales_min_count(server: APIServer)
             "metadata": {"name": "pg"},
             "spec": {"schedulingPolicy": {"gang": {"minCount": 2}}},
         }
-        custom.create_namespaced_custom_object(GROUP, version, "default", "podgroups", body)
+        condition = {"type": "PodGroupScheduled", "status": "True", "reason": "Scheduled", "message": ""}
+        condition["lastTransitionTime"] = "2026-01-01T00:00:00Z"
+        written = {**body, "status": {"conditions": [condition]}}
+        created = custom.create_namespaced_custom_object(GROUP, version, "default", "podgroups", written)
+        assert "status" not in created or not created["status"]  # status only through /status
         with pytest.raises(client.ApiException) as unknown:
             custom.create_namespaced_custom_object(
                 GROUP,
