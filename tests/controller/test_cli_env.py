@@ -25,6 +25,8 @@ from driver.cli import main
         (["controller"], {"FRACTIONAL_LOG_LEVEL": "verbose"}, "--log-level"),
         (["controller", "--log-level", "loud"], {}, "FRACTIONAL_LOG_LEVEL"),
         (["controller"], {"FRACTIONAL_LOG_FORMAT": "xml"}, "--log-format"),
+        (["controller"], {"FRACTIONAL_GANG_SOURCES": "upstream,slurm"}, "FRACTIONAL_GANG_SOURCES"),
+        (["apiserver", "--kubernetes-version", "1.34"], {}, "--kubernetes-version"),
     ],
 )
 def test_bad_values_are_configuration_errors(
