@@ -286,7 +286,8 @@ class Controller:
             capacity_freed=self._bump_capacity,
             gate_seen=self._gate_seen,
             preemptor=Preemptor(
-                cache=self.cache, configuration=self._configuration, identity=self.identity, fence=self.fence
+                cache=self.cache, configuration=self._configuration, identity=self.identity, fence=self.fence,
+                metrics=self.metrics,
             ) if self.settings.preemption else None,
         )  # fmt: skip
         pool.start()

@@ -100,6 +100,17 @@ class ControllerMetrics:
         self.released = Counter(
             "fractional_controller_claims_released", "Claims whose allocation we released.", registry=r
         )
+        self.preemptions = Counter(
+            "fractional_controller_preemptions",
+            "Preemption attempts for gangs that did not fit, by outcome (preempted, blocked, gave_up).",
+            ["outcome"],
+            registry=r,
+        )
+        self.preemption_victims = Counter(
+            "fractional_controller_preemption_victims",
+            "Lower-priority pods evicted to make room for a gang (issue 17).",
+            registry=r,
+        )
         self.leader = Gauge("fractional_controller_leader", "1 while this replica leads.", registry=r)
         self.gpus_free = Gauge(
             "fractional_controller_gpus_free", "Whole GPUs with nothing allocated on them.", registry=r

@@ -51,6 +51,7 @@ from driver.controller.decide import (
 from driver.controller.decode import bounded
 from driver.controller.events import COMPONENT, MAX_EVENT_MESSAGE_CHARS
 from driver.controller.gangs import GangPlan
+from driver.controller.metrics import ControllerMetrics
 from driver.controller.objects import (
     GangKey,
     Resources,
@@ -179,6 +180,7 @@ class Preemptor:
     configuration: client.Configuration
     identity: str = ""
     fence: threading.Event | None = None  # set once leadership is lost: no write goes out
+    metrics: ControllerMetrics | None = None
     clock: Callable[[], float] = time.monotonic
     nomination_seconds: float = 300.0  # victims still not gone by then: give up and back off
     backoff_seconds: float = 10.0
@@ -266,7 +268,12 @@ class Preemptor:
                 return True
         return False
 
-    def _fail(self, gang: GangKey, why: str) -> None:
+    def _count(self, outcome: str) -> None:
+        if self.metrics is not None:
+            self.metrics.preemptions.labels(outcome=outcome).inc()
+
+    def _fail(self, gang: GangKey, why: str, *, outcome: str = "gave_up") -> None:
+        self._count(outcome)
         with self.cache.lock:
             self.nominations.pop(gang, None)
             state = self.backoff.setdefault(gang, _Backoff())
@@ -400,7 +407,7 @@ class Preemptor:
                 if choice.budgets_exceeded:
                     message += (f"; PodDisruptionBudget(s) {', '.join(choice.budgets_exceeded)} allow no "
                                 "disruption and no cheaper choice avoids them")  # fmt: skip
-                self._fail(gang, message)
+                self._fail(gang, message, outcome="blocked")
                 self._emit(
                     core, preemptor, reason=EVENT_REASON_BLOCKED, message=message, event_type="Warning"
                 )
@@ -426,8 +433,11 @@ class Preemptor:
                                                           "error": bounded(error)})  # fmt: skip
                     continue  # the nomination's deadline ends the wait if this one never goes
                 self.evicted += 1
+                if self.metrics is not None:
+                    self.metrics.preemption_victims.inc()
                 message = f"Preempted by pod {preemptor_uid} on node {node}"  # kube-scheduler's words
                 self._emit(core, pod, reason=EVENT_REASON_PREEMPTED, message=message, related=preemptor)
+        self._count("preempted")
         log.info(
             "preempted",
             extra={"gang": gang, "victims": len(victims),

@@ -294,3 +294,38 @@ def test_a_preemptor_that_failed_backs_off() -> None:
     assert attempt(19.5) == 2
     assert attempt(1.0) == 3  # then 40 s
     assert attempt(39.5) == 3
+
+
+def _in_process(cluster: Cluster, *, preemption: bool) -> Any:
+    from driver.controller import Controller, ReconcilerSettings
+
+    instance = Controller(configuration=cluster.server.configuration(),
+                          settings=ReconcilerSettings(preemption=preemption))  # fmt: skip
+    instance.start()
+    return instance
+
+
+def test_preemption_is_counted_and_can_be_switched_off(cluster: Cluster) -> None:
+    cluster.add_node("node-a", "a100-pcie-4x")
+    priority_class(cluster, "low", 100)
+    priority_class(cluster, "high", 1000)
+    off = _in_process(cluster, preemption=False)
+    try:
+        fill(cluster, *((f"w{i}", "low", None) for i in range(4)))
+        workload(cluster, "urgent", priority="high")
+        wait_for(lambda: any(e["involvedObject"]["name"] == "urgent" for e in events(cluster,
+                 "GangUnschedulable")), what="urgent explained")  # fmt: skip
+        assert all(exists(cluster, f"w{i}") for i in range(4)) and off.reconciler.preemptor is None
+    finally:
+        off.stop()
+    on = _in_process(cluster, preemption=True)
+    try:
+        wait_for(lambda: placed(cluster, "urgent"), what="urgent placed once preemption is on")
+        registry = on.metrics.registry
+        assert registry.get_sample_value("fractional_controller_preemption_victims_total") == 1.0
+        assert (
+            registry.get_sample_value("fractional_controller_preemptions_total", {"outcome": "preempted"})
+            == 1.0
+        )
+    finally:
+        on.stop()
