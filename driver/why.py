@@ -21,11 +21,11 @@ from driver.allocator import ClusterState
 from driver.config import WhyConfig
 from driver.controller.explain import best_node_offer, describe_demand, format_bytes
 from driver.controller.fragmentation import GpuCapacity, build_gpu_capacities, products_from_slices
+from driver.controller.gang_identity import GangSource, identify, resolve
 from driver.controller.gangs import PodGroup
 from driver.controller.objects import (
     GATE,
     HINT_ANNOTATION,
-    gang_key_of,
     gang_size_of,
     is_gated,
     pod_claim_refs,
@@ -185,14 +185,20 @@ def explain_pod(pod: dict[str, Any], view: ClusterView, *, policy: str = "best-f
             pending.append(claim)
             lines.append(f"  {claim['metadata']['name']}: not allocated; asks for {describe_demand([claim])}")
 
-    gang = gang_key_of(pod)
-    members = [p for p in view.pods if gang_key_of(p) == gang]
-    if (meta.get("labels") or {}).get("fractional.dev/gang"):
-        size = gang_size_of(pod)
+    gang_ref = identify(pod)  # every source: PodGroup, Workload, our label, the third-party markers
+    gang = gang_ref.key
+    members = [p for p in view.pods if identify(p).key == gang]
+    if gang_ref.source is not None:
+        # A size the pods carry (ours, Kueue, LWS); a PodGroup's or Workload's minCount is not read here.
+        size = (
+            gang_size_of(pod)
+            if gang_ref.source is GangSource.FRACTIONAL
+            else resolve(gang_ref, lambda _k, _n: None).min_count
+        )
         gated = sum(1 for p in members if is_gated(p))
         lines.append(
-            f"gang {gang}: {size if size is not None else '?'} pods expected, {len(members)} present, "
-            f"{gated} gated"
+            f"gang {gang}: {size if size is not None else '?'} pods expected, "
+            f"{len(members)} present, {gated} gated"
         )
         if size is not None and len(members) < size:
             lines.append(f"  waits for {size - len(members)} more pod(s) of the gang to exist")

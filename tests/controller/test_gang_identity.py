@@ -213,3 +213,17 @@ def test_the_served_version_is_chosen_newest_shape_first(
     }
     api = choose_gang_api(_groups(("scheduling.k8s.io", versions)), lists)
     assert api.version == expected
+
+
+def test_why_names_a_gang_of_any_source() -> None:
+    from driver.why import ClusterView, explain_pod
+
+    lws = [
+        pod(labels={"leaderworkerset.sigs.k8s.io/group-key": "abc"},
+            annotations={"leaderworkerset.sigs.k8s.io/size": "3"},
+            schedulingGates=[{"name": "fractional.dev/allocation"}]),
+    ]  # fmt: skip
+    view = ClusterView(pods=lws, claims=[], all_claims=[], slices=[], classes=[], nodes=[], events=[])
+    lines = explain_pod(lws[0], view)
+    assert "gang ml/lws:abc: 3 pods expected, 1 present, 1 gated" in lines
+    assert "  waits for 2 more pod(s) of the gang to exist" in lines
