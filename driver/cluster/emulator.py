@@ -86,7 +86,9 @@ class _Fault:
 
 INITIAL_NAMESPACES = ("default", "kube-node-lease", "kube-public", "kube-system")
 _NAMESPACES = ResourceType("", "v1", "namespaces", "Namespace", namespaced=False, status_subresource=True)
-_PRIORITY_CLASSES = ResourceType("scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass", namespaced=False)
+_PRIORITY_CLASSES = ResourceType(
+    "scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass", namespaced=False
+)
 _BUDGETS = ResourceType("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", namespaced=True)
 _CORE_EVENTS = next(t for t in RESOURCE_TYPES if t.group == "" and t.plural == "events")
 _REASONS = {
