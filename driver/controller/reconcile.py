@@ -293,6 +293,9 @@ class Reconciler:
                 self._refresh_claims(writer, [c for c, _ in decision.allocations])
             self.metrics.decisions.labels(outcome="retry").inc()
             return
+        except Exception:  # a bug: still give back what this gang holds, then let the pool log it
+            self._give_back(writer, plan, decision, written, requeue=True)
+            raise
         nodes = {str(object_key(p)): node for p, node in decision.pod_nodes}
         try:
             self._ungate(writers, plan, nodes)
@@ -304,11 +307,14 @@ class Reconciler:
 
     def _give_back(self, writer: ApiWriter, plan: GangPlan, decision: Decision, written: list[dict[str, Any]],
                    *, requeue: bool) -> None:  # fmt: skip
-        """Undo exactly this gang: the writes made, what the decider assumed; then decide it again."""
-        self._undo(writer, written)
+        """Undo exactly this gang: what the decider assumed, the writes made; then decide it again."""
         self.cache.forget_assumed([str(object_key(c)) for c, _ in decision.allocations])
         for pod, _node in decision.pod_nodes:
             self.cache.forget_placement(str(object_key(pod)))
+        try:
+            self._undo(writer, written)
+        except FractionalError as error:  # what is left is a half-done gang: its next pass releases it
+            log.warning("undo incomplete", extra={"gang": plan.key, "error": bounded(error)})
         self.capacity_freed()
         if requeue:
             self.requeue_later(GANG_PREFIX + plan.key)
