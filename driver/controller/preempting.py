@@ -72,6 +72,7 @@ from driver.controller.preemption import (
     pod_priority,
     preemption_refusal,
 )
+from driver.controller.topology import decide_in_domains
 from driver.controller.writer import HaltWrites
 from driver.errors import AllocationError, FractionalError, NotFoundError
 from driver.kube import REQUEST_TIMEOUT_SECONDS, api_errors, new_api_client
@@ -236,8 +237,8 @@ class Preemptor:
     def nominated_decision(self, plan: GangPlan, *, policy: str) -> Decision | None:
         """For a nominated gang: its allocations on the nominated nodes, or None (not yet free)."""
         nomination = self.nominations.get(plan.key)
-        if nomination is None or not nomination.nodes:
-            return None
+        if nomination is None or not nomination.nodes or plan.topology_key is not None:
+            return None  # a gang held to one topology domain is decided by its own rule (topology.py)
         others = {str(n["metadata"]["name"]) for n in self.cache.objects(Kind.NODE)} - nomination.nodes
         excluded = frozenset(others) | _static_exclusions(self.cache, plan)
         with self._holding(self._held_against(plan)):
@@ -357,7 +358,11 @@ class Preemptor:
             for claim in released:
                 state.remove_claim(_claim_uid(claim))
             try:
-                chosen = allocate_groups(self.cache, plan.groups, policy=policy, exclude_nodes=excluded)
+                if plan.topology_key is not None:  # the gang's own rule: one topology domain
+                    decided = decide_in_domains(self.cache, plan, policy=policy)
+                    chosen = list(decided.allocations) if decided.outcome == "allocated" else None
+                else:
+                    chosen = allocate_groups(self.cache, plan.groups, policy=policy, exclude_nodes=excluded)
             finally:
                 for claim in released:  # as the cache holds it now (the lock is held: unchanged)
                     current = self.cache.get(Kind.CLAIM, str(object_key(claim)))

@@ -329,3 +329,44 @@ def test_preemption_is_counted_and_can_be_switched_off(cluster: Cluster) -> None
         )
     finally:
         on.stop()
+
+
+def test_a_gang_held_to_one_topology_domain_preempts_inside_one(
+    cluster: Cluster, controller: Callable[..., RunningController]
+) -> None:
+    """Across racks the cheapest victims are x0 and y0 (both 100); the gang's PodGroup keeps it in
+    one rack, where r2's y0 and y1 (100 and 300) cost less than r1's x0 and x1 (100 and 500)."""
+    rack = "example.com/rack"
+    for node, value in (("r1-a", "r1"), ("r2-a", "r2")):
+        cluster.add_node(node, "l4-2x")
+        cluster.core.patch_node(node, {"metadata": {"labels": {rack: value}}})
+    priority_class(cluster, "p100", 100)
+    priority_class(cluster, "p300", 300)
+    priority_class(cluster, "p500", 500)
+    priority_class(cluster, "high", 1000)
+    controller()
+    for name, node, priority in (("x0", "r1-a", "p100"), ("x1", "r1-a", "p500"), ("y0", "r2-a", "p100"),
+                                 ("y1", "r2-a", "p300")):  # fmt: skip
+        cluster.create_claim(gpu_claim(f"{name}-claim", memory=None, compute=None))
+        pod = gated_pod(name, [f"{name}-claim"])
+        pod["spec"].update(priorityClassName=priority, nodeSelector={"kubernetes.io/hostname": node})
+        cluster.create_pod(pod)
+        wait_for(lambda name=name: placed(cluster, name), what=f"{name} placed")
+    group = {"apiVersion": "scheduling.k8s.io/v1beta1", "kind": "PodGroup",
+             "metadata": {"name": "ring", "namespace": NAMESPACE},
+             "spec": {"schedulingPolicy": {"gang": {"minCount": 2}},
+                      "schedulingConstraints": {"topology": [{"key": rack}]}}}  # fmt: skip
+    client.CustomObjectsApi(cluster.api_client).create_namespaced_custom_object(
+        "scheduling.k8s.io", "v1beta1", NAMESPACE, "podgroups", group
+    )
+    for index in range(2):
+        cluster.create_claim(gpu_claim(f"ring-{index}-claim", memory=None, compute=None))
+        pod = gated_pod(f"ring-{index}", [f"ring-{index}-claim"])
+        pod["spec"].update(priorityClassName="high", schedulingGroup={"podGroupName": "ring"})
+        cluster.create_pod(pod)
+    wait_for(lambda: placed(cluster, "ring-0", "ring-1"), what="the ring placed")
+    assert {n for n in ("x0", "x1", "y0", "y1") if exists(cluster, n)} == {"x0", "x1"}
+    for index in range(2):
+        claim = cluster.claim(f"ring-{index}-claim")
+        assert claim is not None
+        assert claim["status"]["allocation"]["devices"]["results"][0]["pool"] == "r2-a"
