@@ -32,7 +32,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -273,6 +273,11 @@ class Preemptor:
         if self.metrics is not None:
             self.metrics.preemptions.labels(outcome=outcome).inc()
 
+    def _gang_of(self, pod: Mapping[str, Any]) -> str | None:
+        """The running pod's gang as the controller identifies gangs; None for a pod on its own."""
+        gang = str(self.cache.gang_key(dict(pod)))
+        return None if gang.split("/", 1)[-1].startswith("pod:") else gang
+
     def _fail(self, gang: GangKey, why: str, *, outcome: str = "gave_up") -> None:
         self._count(outcome)
         with self.cache.lock:
@@ -307,7 +312,9 @@ class Preemptor:
                 return False
             with self.cache.lock:
                 claims = {str(object_key(c)): c for c in self.cache.objects(Kind.CLAIM)}
-                units = build_victim_units(self.cache.objects(Kind.POD), claims, below_priority=priority)
+                units = build_victim_units(
+                    self.cache.objects(Kind.POD), claims, below_priority=priority, gang_of=self._gang_of
+                )
                 choice = None
                 if units:
                     holders = device_holders(

@@ -54,6 +54,7 @@ __all__ = [
     "choose_victims",
     "count_violations",
     "device_holders",
+    "label_gang",
     "parse_budget",
     "pod_priority",
     "preemption_refusal",
@@ -120,13 +121,26 @@ def device_holders(claims: Iterable[Mapping[str, Any]]) -> dict[DeviceKey, int]:
     return holders
 
 
+def label_gang(pod: Mapping[str, Any]) -> str | None:
+    """The pod's ``fractional.dev/gang`` as "namespace/name", or None."""
+    meta = pod.get("metadata") or {}
+    gang = (meta.get("labels") or {}).get(GANG_LABEL)
+    return f"{meta.get('namespace')}/{gang}" if gang else None
+
+
 def build_victim_units(
-    pods: Iterable[dict[str, Any]], claims: Mapping[str, dict[str, Any]], *, below_priority: int
+    pods: Iterable[dict[str, Any]],
+    claims: Mapping[str, dict[str, Any]],
+    *,
+    below_priority: int,
+    gang_of: Callable[[Mapping[str, Any]], str | None] = label_gang,
 ) -> list[VictimUnit]:
     """Units of running pods with allocated claims, all of priority below ``below_priority``.
 
-    ``claims``: "namespace/name" -> claim. Units holding a gated or terminating pod are left out:
-    the first has not started, the second is going already and cannot be evicted again.
+    ``claims``: "namespace/name" -> claim. ``gang_of``: the pod's gang, or None for a pod on its
+    own (the controller passes its gang identity: PodGroup, Workload, the markers). Units holding a
+    gated or terminating pod are left out: the first has not started, the second is going already
+    and cannot be evicted again.
     """
     live = [p for p in pods if not is_terminated(p)]
     keys = [str(object_key(p)) for p in live]
@@ -142,9 +156,9 @@ def build_victim_units(
     for index, pod in enumerate(live):
         meta = pod.get("metadata") or {}
         links = [f"claim:{meta.get('namespace')}/{r.claim_name}" for r in pod_claim_refs(pod) if r.claim_name]
-        gang = (meta.get("labels") or {}).get(GANG_LABEL)
+        gang = gang_of(pod)
         if gang:
-            links.append(f"gang:{meta.get('namespace')}/{gang}")
+            links.append(f"gang:{gang}")
         for link in links:
             if link in first_of:
                 parent[find(index)] = find(first_of[link])
@@ -179,9 +193,7 @@ def build_victim_units(
             node = allocation_node((claim.get("status") or {}).get("allocation"))
             if node:
                 nodes.add(node)
-        meta = unit_pods[0]["metadata"]
-        gang = (meta.get("labels") or {}).get(GANG_LABEL)
-        key = f"{meta.get('namespace')}/{gang}" if gang else str(object_key(unit_pods[0]))
+        key = gang_of(unit_pods[0]) or str(object_key(unit_pods[0]))
         units.append(
             VictimUnit(
                 key=key,

@@ -290,3 +290,26 @@ def test_who_may_preempt(change: dict[str, Any], reason: str | None) -> None:
     refusal = preemption_refusal([pod])
     assert (refusal is None) if reason is None else (refusal is not None and reason in refusal)
     assert pod_priority({"spec": {}}) == 0
+
+
+def test_gangs_as_the_controller_identifies_them_go_whole() -> None:
+    """A PodGroup's pods carry no label of ours: the controller's gang identity says they belong
+    together (``gang_of``), and they are one victim."""
+    world = World()
+    world.place("pg-0", "gpu-0", 40, priority=10)
+    world.place("pg-1", "gpu-1", 40, priority=10)
+    world.place("h2", "gpu-2", 40, priority=2000)
+    world.place("h3", "gpu-3", 40, priority=2000)
+
+    def gang_of(pod: Any) -> str | None:
+        return "default/podgroup:train" if pod["metadata"]["name"].startswith("pg-") else None
+
+    units = build_victim_units(world.pods, world.claims, below_priority=1000, gang_of=gang_of)
+    assert [(u.key, len(u.pods)) for u in units] == [("default/podgroup:train", 2)]
+    choice = choose_victims(units, fits=world.fits_for(whole_gpus(1), units))
+    assert choice is not None and [p["metadata"]["name"] for u in choice.victims for p in u.pods] == [
+        "pg-0",
+        "pg-1",
+    ]
+    alone = build_victim_units(world.pods, world.claims, below_priority=1000)
+    assert sorted(u.key for u in alone) == ["default/pg-0", "default/pg-1"]  # without it: two pods
