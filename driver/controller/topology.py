@@ -13,6 +13,7 @@ from typing import Any
 from driver.controller.cache import ClusterCache, Kind
 from driver.controller.decide import Decision, decide, tentative_allocations
 from driver.controller.gangs import GangPlan
+from driver.controller.objects import allocation_node, is_gated, pod_claim_refs
 
 __all__ = ["decide_in_domains", "domains"]
 
@@ -48,12 +49,34 @@ def _pods_that_fit(cache: ClusterCache, plan: GangPlan, exclude: frozenset[str],
     return placed
 
 
+def _placed_nodes(cache: ClusterCache, plan: GangPlan) -> set[str]:
+    """Nodes the gang's ungated pods run on or were allocated for (bound, or their claims' node)."""
+    nodes: set[str] = set()
+    for pod in plan.all_pods:
+        if is_gated(pod):
+            continue
+        if (pod.get("spec") or {}).get("nodeName"):
+            nodes.add(str(pod["spec"]["nodeName"]))
+            continue
+        namespace = pod["metadata"]["namespace"]
+        for ref in pod_claim_refs(pod):
+            claim = cache.get(Kind.CLAIM, f"{namespace}/{ref.claim_name}") if ref.claim_name else None
+            node = allocation_node(((claim or {}).get("status") or {}).get("allocation"))
+            if node:
+                nodes.add(node)
+    return nodes
+
+
 def decide_in_domains(cache: ClusterCache, plan: GangPlan, *, policy: str) -> Decision:
+    """Pods placed after the gang's first ones (beyond minCount) stay in the domain those hold."""
     key = plan.topology_key
     assert key is not None
     nodes = cache.objects(Kind.NODE)
     everything = frozenset(str(n["metadata"]["name"]) for n in nodes) | frozenset(cache.state.node_free)
     found = domains(nodes, key)
+    held = {value for value, members in found.items() if members & _placed_nodes(cache, plan)}
+    if held:
+        found = {value: members for value, members in found.items() if value in held}
     fitting: list[tuple[float, str, Decision]] = []
     for value, members in found.items():
         decision = decide(cache, plan, policy=policy, extra_exclude=everything - members)

@@ -477,3 +477,31 @@ def test_discovery_follows_what_the_server_serves(cluster: Cluster) -> None:
     finally:
         stop.set()
         watches.stop()
+
+
+def test_pods_beyond_min_count_stay_in_the_gangs_topology_domain(
+    cluster: Cluster, controller: Callable[..., RunningController]
+) -> None:
+    rack = "example.com/rack"
+    for node, value in (("r1-a", "r1"), ("r2-a", "r2"), ("r2-b", "r2")):
+        cluster.add_node(node, "l4-2x")
+        _label_node(cluster, node, {rack: value})
+    topology = {"schedulingConstraints": {"topology": [{"key": rack}]}}
+    _create(cluster, SCHEDULING, "v1beta1", "podgroups", _podgroup("pair", 2, "v1beta1", **topology))
+    for i in range(3):  # 16 GiB of a 22 GiB L4: one pod per GPU
+        cluster.create_claim(gpu_claim(f"pair-{i}", memory="16Gi", compute=None))
+        pod = gated_pod(f"pair-{i}", [f"pair-{i}"])
+        pod["spec"]["schedulingGroup"] = {"podGroupName": "pair"}
+        _create_pod(cluster, pod)
+    controller()
+    wait_for(lambda: cluster.ungated("pair-0") and cluster.ungated("pair-1"), what="minCount placed")
+    first = {allocation_node(cluster.claim(f"pair-{i}")["status"]["allocation"]) for i in range(2)}  # type: ignore[index]
+    assert first == {"r1-a"}  # the fullest rack that fits: r1
+    probe = gated_pod("probe", [])
+    _create_pod(cluster, probe)
+    wait_for(lambda: cluster.ungated("probe"), what="the controller has looked again")
+    assert not cluster.ungated("pair-2")  # r2 has room, but the gang holds r1
+    cluster.add_node("r1-b", "l4-2x")
+    _label_node(cluster, "r1-b", {rack: "r1"})
+    wait_for(lambda: cluster.ungated("pair-2"), what="the third placed in r1")
+    assert allocation_node(cluster.claim("pair-2")["status"]["allocation"]) == "r1-b"  # type: ignore[index]
