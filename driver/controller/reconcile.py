@@ -133,6 +133,11 @@ class Reconciler:
             except HaltWrites:
                 halted = True  # nothing more is decided or written: as if the process died here
                 raise
+            except FractionalError as error:  # 409, 5xx, refused, rejected: back off and decide again
+                delay = self.requeue_later(keys[0])
+                self.metrics.decisions.labels(outcome="retry").inc()
+                log.info("requeued", extra={"key": bounded(keys[0]), "error": bounded(error),
+                         "delay_seconds": round(delay, 3)})  # fmt: skip
             finally:
                 with self._lock:
                     for key in keys:
