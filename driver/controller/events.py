@@ -153,7 +153,12 @@ class EventRecorder:
         self._memory.forget(f"gang:{gang}")
 
     def gang_unschedulable(
-        self, gang: GangKey, pod: dict[str, Any], message: str, *, reason: str = REASON_UNSCHEDULABLE,
+        self,
+        gang: GangKey,
+        pod: dict[str, Any],
+        message: str,
+        *,
+        reason: str = REASON_UNSCHEDULABLE,
         also: dict[str, Any] | None = None,
     ) -> bool:
         """Emit the gang's Event unless the same message was the last one; True when emitted.

@@ -154,8 +154,10 @@ CUSTOM_PLURALS = {
 # served gang API): file -> the (group, plural) pairs it may list and watch.
 DISCOVERED_CUSTOM = {
     "driver/controller/watch.py": (
-        ("scheduling.k8s.io", "workloads"), ("scheduling.k8s.io", "podgroups"),
-        ("scheduling.x-k8s.io", "podgroups"), ("scheduling.volcano.sh", "podgroups"),
+        ("scheduling.k8s.io", "workloads"),
+        ("scheduling.k8s.io", "podgroups"),
+        ("scheduling.x-k8s.io", "podgroups"),
+        ("scheduling.volcano.sh", "podgroups"),
     ),
 }
 VERBS = {
