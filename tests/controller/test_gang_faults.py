@@ -119,6 +119,8 @@ def test_fault_at_every_write_of_a_gang(harness: Harness, write: int, action: st
         if len(writes) != write or fired.is_set():
             return
         fired.set()
+        # A write can come before start() returns and the test holds its controller.
+        wait_for(lambda: instance is not None, what="the test holds its controller")
         assert instance is not None
         if action.startswith("fence"):
             instance.fence.set()  # leadership lost: no write may follow
@@ -165,6 +167,8 @@ def test_half_allocated_gang_is_released_after_a_restart(harness: Harness, delet
     def hook(record: WriteRecord) -> None:
         writes.append(record)
         if len(writes) == 4:  # 2 of 4 claims allocated (finalizer, allocation, finalizer, allocation)
+            # A write can come before start() returns and the test holds its controller.
+            wait_for(lambda: instance is not None, what="the test holds its controller")
             assert instance is not None
             if stop == "kill":
                 raise HaltWrites()
@@ -197,6 +201,8 @@ def test_claim_deleted_during_placement_leaves_every_pod_gated(harness: Harness)
         if record.action == "ungate":
             ungates.append(record.key)
         if record.action == "allocate" and record.key.endswith(names[-1]) and not deleted.is_set():
+            # A write can come before start() returns and the test holds its controller.
+            wait_for(lambda: instance is not None, what="the test holds its controller")
             assert instance is not None  # the last allocation: next come the gates
             deleted.set()
             delete_and_wait_seen(harness, instance, Kind.CLAIM, names[1])

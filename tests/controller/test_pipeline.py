@@ -77,6 +77,8 @@ def test_decisions_do_not_wait_for_writes_and_each_gang_keeps_its_order(slow_clu
             records.append(record)
             first = len(records) == 1
         if first:  # hold this writer inside the very first write: the decider must not need it
+            # A write can come before start() returns and the test holds its controller.
+            wait_for(lambda: instance is not None, what="the test holds its controller")
             assert instance is not None
             registry = instance.metrics.registry
 
