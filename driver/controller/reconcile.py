@@ -184,9 +184,13 @@ class Reconciler:
                     self.preemptor.placed(plan.key)
                 self.metrics.decisions.labels(outcome="allocated").inc()
                 self.metrics.decision_seconds.observe(time.monotonic() - started)
+                # Looked at again when the job ends: pods beyond minCount (or the next pod of a basic
+                # policy) wait for these, and our own ungate, assumed into the cache, sends no event
+                # that would queue the gang again.
                 self._start_job(
                     [GANG_PREFIX + plan.key, *_claim_keys(plan)],
                     lambda w, plan=plan, decision=outcome: self._commit(w, plan, decision),  # type: ignore[misc]
+                    requeue=(GANG_PREFIX + plan.key,),
                 )
             else:
                 self._mark_unschedulable(plan.key, fit=False)
@@ -238,7 +242,11 @@ class Reconciler:
             )
         elif plan.action == "ungate":
             self.metrics.decisions.labels(outcome="ungated").inc()
-            self._start_job([GANG_PREFIX + plan.key, *_claim_keys(plan)], lambda w: self._ungate(w, plan, {}))
+            self._start_job(
+                [GANG_PREFIX + plan.key, *_claim_keys(plan)],
+                lambda w: self._ungate(w, plan, {}),
+                requeue=(GANG_PREFIX + plan.key,),
+            )
 
     def _mark_unschedulable(self, gang: GangKey, *, fit: bool) -> None:
         with self._lock:
