@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,27 +12,17 @@ from driver.cluster.proto_gen import (
     k8s_io_api_core_v1_pb2,
     k8s_io_apimachinery_pkg_runtime_pb2,
 )
+from tests.proto_stubs_support import REPO_ROOT, assert_stubs_current
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 COMMITTED = REPO_ROOT / "driver" / "cluster" / "proto_gen"
 
 
-def _load_generator():
-    spec = importlib.util.spec_from_file_location("gen_k8s_proto", REPO_ROOT / "hack" / "gen_k8s_proto.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("gen_k8s_proto", module)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_committed_stubs_match_a_fresh_generation(tmp_path: Path) -> None:
-    generated = _load_generator().generate(tmp_path / "proto_gen")
-    fresh = {path.name: path.read_bytes() for path in generated}
-    committed = {path.name: path.read_bytes() for path in COMMITTED.iterdir() if path.is_file()}
-    stale = sorted(name for name in fresh.keys() | committed.keys() if fresh.get(name) != committed.get(name))
-    assert not stale, (
-        f"stale or extra stubs {stale}: run hack/gen_k8s_proto.py and commit driver/cluster/proto_gen"
+    assert_stubs_current(
+        "gen_k8s_proto",
+        COMMITTED,
+        tmp_path,
+        hint="run hack/gen_k8s_proto.py and commit driver/cluster/proto_gen",
     )
 
 
