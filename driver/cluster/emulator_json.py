@@ -15,15 +15,14 @@ import re
 import secrets
 from typing import Any
 
+from driver.jsondepth import json_depth
+
 __all__ = ["MAX_DEPTH", "SHALLOW_DEPTH", "RawJSON", "dumps", "loads"]
 
 MAX_DEPTH = 10_000  # kube-apiserver's JSON decoder limit (sigs.k8s.io/json)
 SHALLOW_DEPTH = 100  # deeper subtrees become RawJSON leaves
 
 _STRING = r'"(?:[^"\\\x00-\x1f]|\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4}))*"'
-_STRINGS = re.compile(_STRING)
-_NOT_BRACKETS = re.compile(r"[^\[\]{}]+")
-_EMPTY_PAIRS = re.compile(r"\[\]|\{\}")
 _TOKEN = re.compile(
     rf"\s*(?:({_STRING})|(-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?)|(true|false|null)|([\[\]{{}},:]))"
 )
@@ -51,16 +50,6 @@ class RawJSON:
 
     def __copy__(self) -> RawJSON:
         return self
-
-
-def _deeper_than(text: str, depth: int) -> bool:
-    """True when ``text`` nests more than ``depth`` levels (each pass strips the innermost pairs)."""
-    brackets = _NOT_BRACKETS.sub("", _STRINGS.sub("", text))
-    for _ in range(depth):
-        if not brackets:
-            return False
-        brackets = _EMPTY_PAIRS.sub("", brackets)
-    return bool(brackets)
 
 
 def _compact_subtree(text: str, start: int, outer_depth: int) -> tuple[str, int]:
@@ -156,7 +145,7 @@ def _deep_loads(text: str) -> Any:
 def loads(raw: bytes | str) -> Any:
     """Decode a request body as kube-apiserver would (ValueError when it is not JSON)."""
     text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
-    if not _deeper_than(text, SHALLOW_DEPTH):
+    if json_depth(text) <= SHALLOW_DEPTH:
         return json.loads(text)
     return _deep_loads(text)
 

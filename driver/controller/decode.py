@@ -21,6 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from driver.jsondepth import json_depth
+
 __all__ = [
     "MAX_ECHO_CHARS",
     "MAX_OBJECT_DEPTH",
@@ -34,9 +36,6 @@ MAX_OBJECT_DEPTH = 64  # real objects nest about 15 levels (managedFields includ
 MAX_ECHO_CHARS = 300
 
 _STRING = r'"(?:[^"\\]|\\.)*"'
-_STRINGS = re.compile(_STRING)
-_NOT_BRACKETS = re.compile(r"[^\[\]{}]+")
-_EMPTY_PAIRS = re.compile(r"\[\]|\{\}")
 _SCANNER = re.compile(rf"{_STRING}|[\[\]{{}}]")
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _PATH_PARTS_SHOWN = 12
@@ -71,17 +70,6 @@ def format_field_path(parts: Sequence[str | int]) -> str:
     return text
 
 
-def _deeper_than(text: str, depth: int) -> bool:
-    """True when ``text`` nests more than ``depth`` levels: each pass strips the innermost empty
-    pairs, so a document is ``depth`` deep when ``depth`` passes leave nothing (all in C)."""
-    brackets = _NOT_BRACKETS.sub("", _STRINGS.sub("", text))
-    for _ in range(depth):
-        if not brackets:
-            return False
-        brackets = _EMPTY_PAIRS.sub("", brackets)
-    return bool(brackets)
-
-
 def _skip_subtree(text: str, start: int) -> int:
     """The index just after the container opening at ``text[start]`` (no recursion)."""
     depth = 0
@@ -102,9 +90,9 @@ def decode_json(raw: bytes | str, *, max_depth: int) -> Decoded:
     """Decode ``raw``; containers opening deeper than ``max_depth`` become None and are reported.
 
     Raises ValueError when ``raw`` is not JSON (never RecursionError)."""
+    if json_depth(raw) <= max_depth:
+        return Decoded(json.loads(raw))
     text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
-    if not _deeper_than(text, max_depth):
-        return Decoded(json.loads(text))
     marker = f"@@too-deep-{secrets.token_hex(8)}@@"
     pieces: list[str] = []
     depth, copied, position = 0, 0, 0

@@ -8,7 +8,6 @@ pure function of the API-shaped dict, so tests and the checkpoint logic never ne
 from __future__ import annotations
 
 import json
-import re
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ from typing import TYPE_CHECKING, Any, NewType
 
 from driver import DRIVER_NAME
 from driver.errors import ClaimError, NotFoundError, TransientError
+from driver.jsondepth import json_depth
 
 if TYPE_CHECKING:
     from kubernetes import client
@@ -50,9 +50,6 @@ MAX_QUANTITY_CHARS = 64  # a consumed quantity ("80Gi", "100"); longer is no qua
 MAX_SELECTOR_TERMS = 64  # nodeSelector terms (and requirements per term) we evaluate
 MAX_ECHO_CHARS = 200  # how much of any tenant-written value an error or log line quotes
 
-_STRINGS = re.compile(r'"(?:[^"\\]|\\.)*"')
-_NOT_BRACKETS = re.compile(r"[^\[\]{}]+")
-_EMPTY_PAIRS = re.compile(r"\[\]|\{\}")
 
 
 def bounded(text: object, limit: int = MAX_ECHO_CHARS) -> str:
@@ -70,22 +67,9 @@ def quoted(value: object, limit: int = MAX_ECHO_CHARS) -> str:
     return bounded(repr(value), limit)
 
 
-def json_depth_exceeds(text: str, limit: int) -> bool:
-    """True when ``text`` (well-formed JSON) nests arrays/objects more than ``limit`` deep.
-
-    Strings are removed first (brackets inside them do not count), then everything but brackets;
-    each pass of ``_EMPTY_PAIRS`` removes the innermost level, so at most ``limit`` passes run, each
-    in C over a string that only shrinks.
-    """
-    brackets = _NOT_BRACKETS.sub("", _STRINGS.sub("", text))
-    for _ in range(limit):
-        if not brackets:
-            return False
-        inner = _EMPTY_PAIRS.sub("", brackets)
-        if inner == brackets:
-            return False  # unbalanced: not JSON, which the decoder reports
-        brackets = inner
-    return bool(brackets)
+def json_depth_exceeds(text: str | bytes, limit: int) -> bool:
+    """True when ``text`` (well-formed JSON) nests arrays/objects more than ``limit`` deep."""
+    return json_depth(text) > limit
 
 
 def decode_claim_json(data: bytes, claim_key: str) -> Mapping[str, Any]:
