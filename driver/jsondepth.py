@@ -43,4 +43,5 @@ def json_depth(raw: bytes | str) -> int:
     if not skeleton:
         return 0
     steps = skeleton.translate(_STEP)
-    return max(0, max(map(operator.sub, accumulate(steps), range(1, len(steps) + 1))))
+    deepest: int = max(map(operator.sub, accumulate(steps), range(1, len(steps) + 1)))
+    return max(0, deepest)

@@ -132,6 +132,14 @@ class ClusterCache:
                 return True, old
             if old is not None and _uid(old) == _uid(obj) and resource_version_is_older(_rv(obj), _rv(old)):
                 return False, old
+            if (
+                old is not None
+                and _rv(obj) is not None
+                and _rv(obj) == _rv(old)
+                and _uid(old) == _uid(obj)
+                and self._rejected.get((kind, key)) == rejected
+            ):
+                return False, old  # the version we hold (the echo of our own write): nothing changed
             if not listed and _uid(obj) in self._deleted_uids:
                 return False, old  # an answer to our write, overtaken by the object's deletion
             self._objects[kind][key] = obj

@@ -89,19 +89,42 @@ def allocate_groups(
     return chosen
 
 
+class _Exclusions:
+    """Static exclusions for the plans of one decision pass: Nodes and slices are read once, and
+    each distinct pod placement spec (nodeSelector, affinity, tolerations) is judged once per node."""
+
+    def __init__(self, cache: ClusterCache) -> None:
+        self._nodes = {str(n["metadata"]["name"]): n for n in cache.objects(Kind.NODE)}
+        slice_nodes = {
+            str(s["spec"]["nodeName"])
+            for s in cache.objects(Kind.SLICE)
+            if (s.get("spec") or {}).get("nodeName")
+        }
+        self._orphans = frozenset(name for name in slice_nodes if name not in self._nodes)
+        self._by_spec: dict[str, frozenset[str]] = {}
+
+    def _rejecting(self, pod: dict[str, Any]) -> frozenset[str]:
+        spec = pod.get("spec") or {}
+        key = repr((spec.get("nodeSelector"), spec.get("affinity"), spec.get("tolerations")))
+        found = self._by_spec.get(key)
+        if found is None:
+            found = frozenset(name for name, node in self._nodes.items() if node_rejection(pod, node))
+            self._by_spec[key] = found
+        return found
+
+    def of(self, plan: GangPlan) -> frozenset[str]:
+        excluded = set(self._orphans)
+        for group in plan.groups:
+            if group.pending_claims:
+                for pod in group.pods:
+                    excluded |= self._rejecting(pod)
+        return frozenset(excluded)
+
+
 def _static_exclusions(cache: ClusterCache, plan: GangPlan) -> frozenset[str]:
     """Nodes no pod with pending claims could run on: cordoned, unmatched selectors/affinity,
     untolerated taints, or slices published for a node that has no Node object."""
-    nodes = {str(n["metadata"]["name"]): n for n in cache.objects(Kind.NODE)}
-    slice_nodes = {
-        str(s["spec"]["nodeName"]) for s in cache.objects(Kind.SLICE) if (s.get("spec") or {}).get("nodeName")
-    }
-    excluded = {name for name in slice_nodes if name not in nodes}
-    pods = [p for g in plan.groups if g.pending_claims for p in g.pods]
-    for name, node in nodes.items():
-        if any(node_rejection(pod, node) for pod in pods):
-            excluded.add(name)
-    return frozenset(excluded)
+    return _Exclusions(cache).of(plan)
 
 
 def _group_node(group: PodGroup, allocations: dict[str, dict[str, Any]]) -> str | None:
@@ -191,6 +214,7 @@ def decide_all(
     ]  # fmt: skip
     if len(batch) > 1:
         nodes = {str(n["metadata"]["name"]): n for n in cache.objects(Kind.NODE)}
+        exclusions = _Exclusions(cache)
         while batch:
             groups, pod_groups, excludes = [], [], []
             for index in batch:
@@ -202,7 +226,7 @@ def decide_all(
                         claims.extend(group.pending_claims)
                 groups.append(claims)
                 pod_groups.append(members)
-                excludes.append(_static_exclusions(cache, plans[index]))
+                excludes.append(exclusions.of(plans[index]))
             try:
                 placed = cache.state.allocate_many(
                     groups, node=None, policy=policy, pod_groups=pod_groups, exclude_nodes=excludes

@@ -249,11 +249,15 @@ class Preemptor:
         pod_nodes = tuple((pod, _group_node(group, by_claim)) for group in plan.groups for pod in group.pods)
         return Decision(outcome="allocated", allocations=tuple(chosen), pod_nodes=pod_nodes)
 
-    def placed(self, gang: GangKey) -> None:
+    def placed(self, gangs: list[GangKey]) -> None:
+        """These gangs were allocated: their nominations and backoff end (one lock for the batch)."""
+        if not self.nominations and not self.backoff:
+            return  # nothing to end: the decider need not wait for the lock
         with self.cache.lock:
-            if self.nominations.pop(gang, None) is not None:
-                log.info("preemptor placed", extra={"gang": gang})
-            self.backoff.pop(gang, None)
+            for gang in gangs:
+                if self.nominations.pop(gang, None) is not None:
+                    log.info("preemptor placed", extra={"gang": gang})
+                self.backoff.pop(gang, None)
 
     # -- the job of an unschedulable gang (a writer thread) -----------------------------------------
 

@@ -175,13 +175,19 @@ class Reconciler:
             decisions = self._decide_all(ready) if ready else []
         for plan in others:
             self._act(plan)
+        if self.preemptor is not None:
+            self.preemptor.placed(
+                [
+                    p.key
+                    for p, o in zip(ready, decisions, strict=True)
+                    if isinstance(o, Decision) and o.outcome == "allocated"
+                ]
+            )
         for plan, outcome in zip(ready, decisions, strict=True):
             if isinstance(outcome, AllocationError):
                 self._failed(plan, outcome)
             elif outcome.outcome == "allocated":
                 self._mark_unschedulable(plan.key, fit=True)
-                if self.preemptor is not None:
-                    self.preemptor.placed(plan.key)
                 self.metrics.decisions.labels(outcome="allocated").inc()
                 self.metrics.decision_seconds.observe(time.monotonic() - started)
                 # Looked at again when the job ends: pods beyond minCount (or the next pod of a basic
@@ -287,12 +293,12 @@ class Reconciler:
             for claim, allocation in decision.allocations:
                 with_finalizer = writer.add_finalizer(claim)
                 written.append(with_finalizer)
-                self._assume(with_finalizer)
-                allocated = writer.write_allocation(with_finalizer, allocation)
-                written[-1] = allocated
-                self._assume(allocated)
-            gone = [str(object_key(c)) for c in written if self._deleted_meanwhile(Kind.CLAIM, c)]
-            gone += [str(object_key(p)) for p in plan.gated if self._deleted_meanwhile(Kind.POD, p)]
+                written[-1] = writer.write_allocation(with_finalizer, allocation)
+            with self.cache.lock:  # once per gang: the writers do not queue for the lock per write
+                for stored in written:  # allocated as we assumed: nothing is freed, nobody to tell
+                    self.cache.apply(Kind.CLAIM, "MODIFIED", stored)
+                gone = [str(object_key(c)) for c in written if self._deleted_meanwhile(Kind.CLAIM, c)]
+                gone += [str(object_key(p)) for p in plan.gated if self._deleted_meanwhile(Kind.POD, p)]
             if gone:  # deleted while we placed the gang: it cannot complete, so nothing is ungated
                 log.info("deleted during placement, undoing", extra={"gang": plan.key, "object": gone[0]})
                 self._give_back(writer, plan, decision, written, requeue=False)
@@ -389,9 +395,10 @@ class Reconciler:
                         break
             else:
                 raise ConflictError(f"Pod {key}: scheduling gate: kept changing while being removed")
-            self.cache.apply(Kind.POD, "MODIFIED", stored)
-            if nodes.get(key) is None:
-                self.cache.forget_placement(key)
+            with self.cache.lock:
+                self.cache.apply(Kind.POD, "MODIFIED", stored)
+                if nodes.get(key) is None:
+                    self.cache.forget_placement(key)
             seen = self.gate_seen.pop(key, None)
             if seen is not None:
                 latency = time.monotonic() - seen

@@ -24,12 +24,17 @@ from driver.controller.decode import MAX_OBJECT_DEPTH, decode_json, format_field
 from driver.controller.objects import FINALIZER, GATE, object_key
 from driver.errors import FractionalError
 from driver.kube import REQUEST_TIMEOUT_SECONDS, api_errors
+from driver.kube.client import send_json
 
 __all__ = ["ApiWriter", "HaltWrites", "RejectedObjectError", "WriteHook", "WriteRecord"]
 
 log = logging.getLogger(__name__)
 
 MERGE_PATCH = "application/merge-patch+json"
+# Written with send_json (our dicts as they are); tests/chart/test_rbac.py reads these templates.
+CLAIM_PATH = "/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}"
+CLAIM_STATUS_PATH = CLAIM_PATH + "/status"
+POD_PATH = "/api/v1/namespaces/{namespace}/pods/{name}"
 
 
 class HaltWrites(Exception):
@@ -51,7 +56,11 @@ class RejectedObjectError(FractionalError):
 
 
 def _body(response: Any) -> dict[str, Any]:
-    decoded = decode_json(response.data, max_depth=MAX_OBJECT_DEPTH)
+    return _decode(response.data)
+
+
+def _decode(data: bytes) -> dict[str, Any]:
+    decoded = decode_json(data, max_depth=MAX_OBJECT_DEPTH)
     if decoded.too_deep:
         raise RejectedObjectError(
             f"{format_field_path(decoded.too_deep[0])}: nested deeper than {MAX_OBJECT_DEPTH} levels"
@@ -74,6 +83,7 @@ class ApiWriter:
             api_client
         )  # Any: we send dicts and read raw JSON (_preload_content=False)
         self._core: Any = client.CoreV1Api(api_client)
+        self._api_client = api_client  # writes go through send_json: our dicts as they are
         self._hook = hook
         self._fence = fence
         self.writes = 0
@@ -105,29 +115,13 @@ class ApiWriter:
 
     def _replace_claim(self, claim: dict[str, Any], what: str) -> dict[str, Any]:
         meta = claim["metadata"]
-        with api_errors(f"{what} ResourceClaim {meta['namespace']}/{meta['name']}"):
-            return _body(
-                self._resource.replace_namespaced_resource_claim(
-                    meta["name"],
-                    meta["namespace"],
-                    claim,
-                    _preload_content=False,
-                    _request_timeout=REQUEST_TIMEOUT_SECONDS,
-                )
-            )
+        what = f"{what} ResourceClaim {meta['namespace']}/{meta['name']}"
+        return _decode(send_json(self._api_client, "PUT", CLAIM_PATH, meta, claim, what=what))
 
     def _replace_claim_status(self, claim: dict[str, Any], what: str) -> dict[str, Any]:
         meta = claim["metadata"]
-        with api_errors(f"{what} ResourceClaim {meta['namespace']}/{meta['name']} status"):
-            return _body(
-                self._resource.replace_namespaced_resource_claim_status(
-                    meta["name"],
-                    meta["namespace"],
-                    claim,
-                    _preload_content=False,
-                    _request_timeout=REQUEST_TIMEOUT_SECONDS,
-                )
-            )
+        what = f"{what} ResourceClaim {meta['namespace']}/{meta['name']} status"
+        return _decode(send_json(self._api_client, "PUT", CLAIM_STATUS_PATH, meta, claim, what=what))
 
     def add_finalizer(self, claim: dict[str, Any]) -> dict[str, Any]:
         finalizers = list(claim["metadata"].get("finalizers") or ())
@@ -193,17 +187,10 @@ class ApiWriter:
             "spec": {"schedulingGates": remaining},
         }
         self._check_fence()
-        with api_errors(f"remove scheduling gate from Pod {meta['namespace']}/{meta['name']}"):
-            stored = _body(
-                self._core.patch_namespaced_pod(
-                    meta["name"],
-                    meta["namespace"],
-                    body,
-                    _content_type=MERGE_PATCH,
-                    _preload_content=False,
-                    _request_timeout=REQUEST_TIMEOUT_SECONDS,
-                )
-            )
+        what = f"remove scheduling gate from Pod {meta['namespace']}/{meta['name']}"
+        stored = _decode(
+            send_json(self._api_client, "PATCH", POD_PATH, meta, body, what=what, content_type=MERGE_PATCH)
+        )
         self._done("ungate", object_key(pod))
         return stored
 
@@ -211,16 +198,10 @@ class ApiWriter:
         """Merge-patch annotations (None removes one); annotations are ours alone, no version guard."""
         meta = pod["metadata"]
         self._check_fence()
-        with api_errors(f"annotate Pod {meta['namespace']}/{meta['name']}"):
-            stored = _body(
-                self._core.patch_namespaced_pod(
-                    meta["name"],
-                    meta["namespace"],
-                    {"metadata": {"annotations": annotations}},
-                    _content_type=MERGE_PATCH,
-                    _preload_content=False,
-                    _request_timeout=REQUEST_TIMEOUT_SECONDS,
-                )
-            )
+        what = f"annotate Pod {meta['namespace']}/{meta['name']}"
+        body = {"metadata": {"annotations": annotations}}
+        stored = _decode(
+            send_json(self._api_client, "PATCH", POD_PATH, meta, body, what=what, content_type=MERGE_PATCH)
+        )
         self._done("annotate", object_key(pod))
         return stored

@@ -51,7 +51,6 @@ MAX_SELECTOR_TERMS = 64  # nodeSelector terms (and requirements per term) we eva
 MAX_ECHO_CHARS = 200  # how much of any tenant-written value an error or log line quotes
 
 
-
 def bounded(text: object, limit: int = MAX_ECHO_CHARS) -> str:
     """``str(text)``, cut to ``limit`` characters and saying how many were left out."""
     value = str(text)

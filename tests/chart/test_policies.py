@@ -13,7 +13,6 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Callable
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -21,6 +20,7 @@ from admission_support import Decision, admission_request, apply_merge_patch, ev
 from chart_support import KUBE_VERSIONS, NAMESPACE, RELEASE, render_chart, validate_strict
 from kubernetes import client
 
+from driver.controller import writer as writer_module
 from driver.controller.events import PROVISIONING_ANNOTATION, PROVISIONING_CLASS_ANNOTATION
 from driver.controller.objects import FINALIZER, GATE, HINT_ANNOTATION
 from driver.controller.writer import ApiWriter
@@ -392,38 +392,26 @@ def _decide(
 
 
 class _Recorder:
-    """Stands in for CoreV1Api/ResourceV1Api under ApiWriter: records each write, answers with
-    the body (the writer only decodes the answer)."""
+    """Stands in for the API under ApiWriter (its ``send_json``): records each write as the typed
+    client method it stands for, and answers with the body (the writer only decodes the answer)."""
 
-    def __init__(self, _api_client: Any = None) -> None:
+    def __init__(self) -> None:
         self.calls: list[tuple[str, Obj]] = []
 
-    def _answer(self, method: str, body: Obj) -> SimpleNamespace:
-        self.calls.append((method, copy.deepcopy(body)))
-        return SimpleNamespace(data=json.dumps(body).encode())
-
-    def __getattr__(self, method: str) -> Callable[..., SimpleNamespace]:
-        if not method.startswith(("replace_", "patch_")):
-            raise AttributeError(method)
-
-        def call(name: str, namespace: str, body: Obj, **_: Any) -> SimpleNamespace:
-            return self._answer(method, body)
-
-        return call
+    def __call__(self, _api_client: Any, method: str, path: str, _params: Any, body: Obj, **_: Any) -> bytes:
+        kind = "pod" if "/pods/" in path else "resource_claim"
+        status = "_status" if path.endswith("/status") else ""
+        self.calls.append(
+            (f"{'patch' if method == 'PATCH' else 'replace'}_namespaced_{kind}{status}", copy.deepcopy(body))
+        )
+        return json.dumps(body).encode()
 
 
 @pytest.fixture
 def writer(monkeypatch: pytest.MonkeyPatch) -> tuple[ApiWriter, list[_Recorder]]:
-    recorders: list[_Recorder] = []
-
-    def factory(api_client: Any = None) -> _Recorder:
-        recorder = _Recorder(api_client)
-        recorders.append(recorder)
-        return recorder
-
-    monkeypatch.setattr(client, "CoreV1Api", factory)
-    monkeypatch.setattr(client, "ResourceV1Api", factory)
-    return ApiWriter(client.ApiClient(client.Configuration())), recorders
+    recorder = _Recorder()
+    monkeypatch.setattr(writer_module, "send_json", recorder)
+    return ApiWriter(client.ApiClient(client.Configuration())), [recorder]
 
 
 def _the_write(recorders: list[_Recorder]) -> tuple[str, Obj]:

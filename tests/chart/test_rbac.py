@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 from collections.abc import Iterable
 from functools import cache
@@ -195,6 +196,35 @@ def _client_methods() -> frozenset[str]:
 RAW_GET = re.compile(
     r'get_json\(\s*[\w.]+,\s*f?"/(?:api/v1|apis/([\w.]+)/\w+)/(?:namespaces/[^/"]+/)?([a-z]+)/'
 )
+# driver.kube.client.send_json(api_client, "PUT", CLAIM_STATUS_PATH, ...): the template is a literal
+# or a module constant (resolved with ast); HTTP method -> RBAC verb.
+RAW_SEND = re.compile(r'send_json\(\s*[\w.]+,\s*"([A-Z]+)",\s*("[^"]*"|[A-Z_]+)')
+SEND_VERBS = {"PUT": "update", "PATCH": "patch", "POST": "create", "DELETE": "delete"}
+PATH_TEMPLATE = re.compile(
+    r"/(?:api/v1|apis/([\w.]+)/\w+)/(?:namespaces/\{namespace\}/)?([a-z]+)(?:/\{name\})?(/status)?"
+)
+
+
+def _string_constants(text: str) -> dict[str, str]:
+    """Module-level ``NAME = "..."`` (or sums of such) in a source file."""
+    constants: dict[str, str] = {}
+
+    def value(node: ast.expr) -> str | None:
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            return node.value
+        if isinstance(node, ast.Name):
+            return constants.get(node.id)
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+            left, right = value(node.left), value(node.right)
+            return None if left is None or right is None else left + right
+        return None
+
+    for statement in ast.parse(text).body:
+        if isinstance(statement, ast.Assign) and len(statement.targets) == 1:
+            target = statement.targets[0]
+            if isinstance(target, ast.Name) and (found := value(statement.value)) is not None:
+                constants[target.id] = found
+    return constants
 
 
 def _calls_in(path: Path) -> set[tuple[str, str, str]]:
@@ -241,6 +271,16 @@ def _calls_in(path: Path) -> set[tuple[str, str, str]]:
     for match in RAW_GET.finditer(text):  # driver.kube.client.get_json: a GET without a typed API class
         group = match.group(1) or ""
         found.add((group, match.group(2), "get"))
+    sends = list(RAW_SEND.finditer(text))
+    constants = _string_constants(text) if sends else {}
+    for match in sends:  # driver.kube.client.send_json: a write without a typed API class
+        argument = match.group(2)
+        template = argument.strip('"') if argument.startswith('"') else constants.get(argument)
+        assert template is not None, f"{path}: send_json path {argument} is not a module string constant"
+        parsed = PATH_TEMPLATE.fullmatch(template)
+        assert parsed is not None, f"{path}: send_json path {template!r} is not an API object path"
+        resource = parsed.group(2) + (parsed.group(3) or "")
+        found.add((parsed.group(1) or "", resource, SEND_VERBS[match.group(1)]))
     return found
 
 

@@ -51,3 +51,33 @@ def test_watcher_keeps_running_after_a_handler_raises(api_server: APIServer) -> 
         watcher.interrupt()
         watcher.join(10)
         api_client.close()
+
+
+def _claim(rv: str, *, uid: str = "u1", allocated: bool = False) -> dict[str, Any]:
+    claim: dict[str, Any] = {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": "c", "namespace": "ns", "uid": uid, "resourceVersion": rv},
+        "spec": {"devices": {"requests": []}},
+    }  # fmt: skip
+    if allocated:
+        claim["status"] = {"allocation": {"devices": {"results": []}}}
+    return claim
+
+
+def test_the_echo_of_a_version_already_held_changes_nothing() -> None:
+    """Our writer applies what the server answered; the watch then delivers the same version. The
+    echo is not applied again (no handler runs, the allocator state is not rebuilt), while a newer
+    version, a new object under the same name, a deletion and a change of rejection still apply."""
+    cache = ClusterCache(topology_label="topology.kubernetes.io/zone")
+    assert cache.apply(Kind.CLAIM, "ADDED", _claim("5")) == (True, None)
+    held = cache.get(Kind.CLAIM, "ns/c")
+    applied, old = cache.apply(Kind.CLAIM, "MODIFIED", _claim("5", allocated=True))
+    assert (applied, old) == (False, held)
+    assert cache.get(Kind.CLAIM, "ns/c") is held
+    assert cache.apply(Kind.CLAIM, "MODIFIED", _claim("5"), rejected="nested too deep")[0]
+    assert cache.rejection(Kind.CLAIM, "ns/c") == "nested too deep"
+    assert cache.apply(Kind.CLAIM, "MODIFIED", _claim("5"))[0]  # the rejection is lifted
+    assert cache.apply(Kind.CLAIM, "MODIFIED", _claim("6"))[0]
+    assert cache.apply(Kind.CLAIM, "MODIFIED", _claim("6", uid="u2"))[0]
+    assert cache.apply(Kind.CLAIM, "DELETED", _claim("6", uid="u2"))[0]
+    assert cache.get(Kind.CLAIM, "ns/c") is None
