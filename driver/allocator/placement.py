@@ -21,7 +21,7 @@ import random
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from driver.allocator.capacity import compute_consumption, free_term, residual_score
+from driver.allocator.capacity import CAPACITY_WEIGHTS, compute_consumption, free_term, residual_score
 from driver.allocator.model import Claim, Request, parse_claim
 from driver.allocator.quantity import Number
 from driver.allocator.results import render_allocation
@@ -469,7 +469,7 @@ class _Gang:
             if consumed is None:
                 continue
             memory_left = float(free - consumed.get(key, 0)) / float(device.capacity[key].value)
-            if best is not None and free_term(memory_left) > best:
+            if best is not None and CAPACITY_WEIGHTS.get(key, 1.0) * free_term(memory_left) > best:
                 break
             score = residual_score(device, committed, consumed)
             scored.append((score, len(scored), node))

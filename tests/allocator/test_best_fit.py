@@ -49,3 +49,34 @@ def test_compute_counts_as_much_as_memory(cluster_mode: bool) -> None:
     assert (placed["pool"], placed["device"]) == (("b", "gpu-0") if cluster_mode else ("n0", "gpu-1"))
     state.assume([{**first, "status": {"allocation": result[0]}}])
     assert state.allocate([share("second", 30, 80)], node=node, rng=rng) is not None
+
+
+@pytest.mark.parametrize("cluster_mode", [True, False])
+def test_compute_left_over_weighs_double(cluster_mode: bool) -> None:
+    """GPU a keeps 28 GiB and 70 % compute, GPU b 56 GiB and 35 %. A 20 GiB / 20 % share leaves a with
+    8 GiB / 50 % or b with 36 GiB / 15 %. Weighing the fractions left equally (sum of square roots:
+    1.02 against 1.06) it goes to a; with compute weighing double (1.73 against 1.45, the weight the
+    bench's families chose) it goes to b, and a can then still take a 25 GiB / 60 % share, which
+    would otherwise fit nowhere."""
+    state = ClusterState()
+    for device_class in our_classes():
+        state.upsert_class(device_class)
+    if cluster_mode:
+        state.upsert_slice(node_slice("a", gpus=1))
+        state.upsert_slice(node_slice("b", gpus=1))
+        state.assume([_live("live-a", "a", 52, 30), _live("live-b", "b", 24, 65)])
+        node = None
+    else:
+        state.upsert_slice(node_slice("n0", gpus=2))
+        live_b = _live("live-b", "n0", 24, 65)
+        live_b["status"]["allocation"]["devices"]["results"][0]["device"] = "gpu-1"
+        state.assume([_live("live-a", "n0", 52, 30), live_b])
+        node = "n0"
+    rng = random.Random(0)
+    first = share("first", 20, 20)
+    result = state.allocate([first], node=node, rng=rng)
+    assert result is not None
+    placed = result[0]["devices"]["results"][0]
+    assert (placed["pool"], placed["device"]) == (("b", "gpu-0") if cluster_mode else ("n0", "gpu-1"))
+    state.assume([{**first, "status": {"allocation": result[0]}}])
+    assert state.allocate([share("second", 25, 60)], node=node, rng=rng) is not None
