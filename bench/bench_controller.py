@@ -16,7 +16,7 @@ Scenarios per run:
 
 Prints a markdown table and writes bench/results/controller.json. Run:
     .venv/bin/python bench/bench_controller.py [--pods 1000] [--nodes 100] [--stream 300]
-        [--write-delay-ms 10] [--writers 16]
+        [--write-delay-ms 10] [--writers 16] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -135,8 +135,10 @@ def wait_latencies(controller: Controller, count: int, timeout: float) -> None:
         time.sleep(0.01)
 
 
-def run_once(args: argparse.Namespace, *, write_delay_ms: int, sequential: bool) -> list[dict[str, Any]]:
-    """One emulator at ``write_delay_ms``, one controller: the backlog, then the stream."""
+def run_once(
+    args: argparse.Namespace, *, write_delay_ms: int, sequential: bool, stream: bool = True
+) -> list[dict[str, Any]]:
+    """One emulator at ``write_delay_ms``, one controller: the backlog, then (``stream``) the stream."""
     path = "sequential" if sequential else "pipelined"
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bench-controller-") as workdir:
@@ -198,10 +200,13 @@ def run_once(args: argparse.Namespace, *, write_delay_ms: int, sequential: bool)
                 "setup_seconds": round(setup_seconds, 1),
             })  # fmt: skip
 
-            stream = [f"s-{i:05d}" for i in range(args.stream)]
+            if not stream:
+                controller.stop()
+                return rows
+            stream_names = [f"s-{i:05d}" for i in range(args.stream)]
             begin = time.monotonic()
             creator = threading.Thread(
-                target=create_pods, args=(configuration, stream, 1), name="bench-creator"
+                target=create_pods, args=(configuration, stream_names, 1), name="bench-creator"
             )
             creator.start()
             creator.join()
@@ -226,10 +231,24 @@ def run_once(args: argparse.Namespace, *, write_delay_ms: int, sequential: bool)
     return rows
 
 
+def repeated(args: argparse.Namespace, *, write_delay_ms: int, sequential: bool) -> list[dict[str, Any]]:
+    """The backlog ``args.repeats`` times, each on a fresh emulator (the stream after the first only):
+    the backlog row is the run with the median rate, with the runs' range beside it. Threads share
+    one GIL here, and their interleaving moves one run's rate by a fifth either way."""
+    runs = [run_once(args, write_delay_ms=write_delay_ms, sequential=sequential, stream=index == 0)
+            for index in range(args.repeats)]  # fmt: skip
+    backlogs = sorted((rows[0] for rows in runs), key=lambda row: row["decisions_per_second"])
+    middle = dict(backlogs[len(backlogs) // 2])
+    rates = [row["decisions_per_second"] for row in backlogs]
+    middle["runs"] = len(rates)
+    middle["rate_range"] = f"{rates[0]:g}-{rates[-1]:g}"
+    return [middle, *runs[0][1:]]
+
+
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
-    sequential = run_once(args, write_delay_ms=0, sequential=True)
-    fast = run_once(args, write_delay_ms=0, sequential=False)
-    slow = run_once(args, write_delay_ms=args.write_delay_ms, sequential=False)
+    sequential = repeated(args, write_delay_ms=0, sequential=True)
+    fast = repeated(args, write_delay_ms=0, sequential=False)
+    slow = repeated(args, write_delay_ms=args.write_delay_ms, sequential=False)
     backlog = {
         (r["path"], r["write_delay_ms"]): r
         for r in [*sequential, *fast, *slow]
@@ -251,11 +270,12 @@ def main() -> None:
     parser.add_argument("--policy", default="best-fit")
     parser.add_argument("--write-delay-ms", type=int, default=10, help="the delayed run's write delay")
     parser.add_argument("--writers", type=int, default=16, help="writer threads of the pipelined path")
+    parser.add_argument("--repeats", type=int, default=3, help="backlog runs per path (median kept)")
     args = parser.parse_args()
     rows = run(args)
     columns = ["scenario", "path", "write_delay_ms", "decisions_per_second", "latency_median_ms",
                "latency_p99_ms", "latency_iqr_ms", "rate_vs_sequential", "rate_vs_no_delay",
-               "drain_seconds"]  # fmt: skip
+               "runs", "rate_range", "drain_seconds"]  # fmt: skip
     print("| " + " | ".join(columns) + " |")
     print("|" + "---|" * len(columns))
     for row in rows:
@@ -268,7 +288,9 @@ def main() -> None:
         "as before issue 15. `pipelined`: the decider assumes its allocations and decides bursts together "
         "(allocate_many), a pool of writer threads writes each gang in order. Latency = controller first "
         "saw the gated pod -> gate removed; in the backlog it includes queueing behind the other pods. "
-        "rate_vs_sequential and rate_vs_no_delay compare backlog rates measured in this same run.",
+        "Each backlog runs `runs` times on a fresh emulator; the row is the run with the median rate, and "
+        "rate_range gives the slowest and fastest. rate_vs_sequential and rate_vs_no_delay compare these "
+        "medians, measured in this same run.",
     )  # fmt: skip
     print(f"\nwritten {path}")
 

@@ -13,12 +13,16 @@ from driver.allocator.search import Entry
 
 __all__ = ["new_share_id", "render_allocation"]
 
+# Share IDs must be unique, not secret. uuid4() reads os.urandom for every ID, and that call lets go
+# of the GIL: the decider, holding the cache lock, then waited up to a switch interval (5 ms) to get
+# it back, once per share, while the writers waited for the lock. A generator seeded once from the OS
+# (random.Random() with no seed reads os.urandom) gives the same 122 random bits without the syscall.
+_SHARE_IDS = random.Random()
+
 
 def new_share_id(rng: random.Random | None) -> str:
     """A lowercase RFC-4122 (version 4) UUID; from ``rng`` when given, so tests can reproduce it."""
-    if rng is None:
-        return str(uuid.uuid4())
-    return str(uuid.UUID(int=rng.getrandbits(128), version=4))
+    return str(uuid.UUID(int=(rng or _SHARE_IDS).getrandbits(128), version=4))
 
 
 def _node_selector(entries: Sequence[Entry], node: str) -> dict[str, Any] | None:

@@ -47,6 +47,7 @@ __all__ = ["Controller"]
 log = logging.getLogger(__name__)
 
 BATCH_KEYS = 64  # keys decided in one pass when that many are due (a burst)
+METRICS_COST_RATIO = 50  # the metrics refresh waits at least 50x as long as it last took
 WATCH_ORDER = (Kind.CLASS, Kind.NODE, Kind.SLICE, Kind.CLAIM, Kind.POD)  # pods last: they reference the rest
 
 
@@ -303,7 +304,10 @@ class Controller:
                 now = time.monotonic()
                 if now >= next_metrics:
                     self.refresh_metrics()
-                    next_metrics = now + self._metrics_refresh_seconds
+                    # At most 1/METRICS_COST_RATIO of the decider's time: on a big cluster with a deep
+                    # backlog one refresh takes tens of milliseconds (every GPU, every gated gang).
+                    spent = time.monotonic() - now
+                    next_metrics = now + max(self._metrics_refresh_seconds, METRICS_COST_RATIO * spent)
                 if now >= next_resync:
                     self._resync()
                     next_resync = now + self._resync_seconds
