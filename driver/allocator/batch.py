@@ -6,11 +6,10 @@ requested capacity divided by the largest device's value of it; a request withou
 for a whole device), each tentatively held so the next sees it, and everything is released before
 returning: ``allocate_many`` holds nothing, like ``allocate``.
 
-With best-fit, each pass then compacts (unless every group has one shape, where it cannot help): for
-each device the pass opened, least loaded first, its groups are moved onto devices already in use
-(the device blocked meanwhile), and the move is kept only when every one of them finds room without
-opening another device; the groups that did not fit are then tried once more, so each one left out
-was refused beside the final placement of the others.
+With best-fit, each pass then compacts: for each device the pass opened, least loaded first, its
+groups are moved onto devices already in use (the device blocked meanwhile), and the move is kept
+only when every one of them finds room without opening another device; the groups that did not fit
+are then tried once more, so each one left out was refused beside the final placement of the others.
 
 A few orders are tried and the pass that places the most groups, then the most demand, then opens
 the fewest devices is kept: largest first by the largest normalised dimension of a group, and with
@@ -219,22 +218,12 @@ def _one_pass(
     one = _Pass(state, groups, node, best_fit)
     try:
         one.run(order)
-        if best_fit and not _alike(groups):
+        if best_fit:
             one.compact()
             one.run([p for p in order if p not in one.placed])  # compacting may have made room
     finally:
         one.release()
     return one.placed
-
-
-def _alike(groups: Sequence[_Group]) -> bool:
-    """Every group the same shape (a Deployment scaling up): compaction cannot empty a device then.
-    Placed one after another with nothing released, a group opens a device only when no device in
-    use has room for it, and the room left only shrinks; so a group on a device opened late fits on
-    no earlier one. Exact for single-share groups; for larger ones a cheap judgement."""
-    first = groups[0]
-    shape = (tuple(c.signature for c in first.claims), first.pods, first.exclude)
-    return all((tuple(c.signature for c in g.claims), g.pods, g.exclude) == shape for g in groups[1:])
 
 
 def _quality(state: ClusterData, groups: Sequence[_Group], placed: Mapping[int, Placed]) -> tuple[Any, ...]:

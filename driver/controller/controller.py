@@ -80,6 +80,7 @@ class _InlineWriters:
         return True
 
     def close(self) -> None:
+        self._writers.writer.close()
         self._api_client.close()  # type: ignore[no-untyped-call]
 
 

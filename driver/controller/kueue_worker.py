@@ -113,6 +113,12 @@ class KueueAdmissionCheck:
         return dict(self._reservations)
 
     def _run(self) -> None:
+        try:
+            self._loop()
+        finally:
+            self._writer.close()
+
+    def _loop(self) -> None:
         while not self._stop.is_set():
             self.wake.clear()
             try:

@@ -134,4 +134,5 @@ class WritePool:
                 finally:
                     self._finished()
         finally:
+            writers.writer.close()
             api_client.close()  # type: ignore[no-untyped-call]

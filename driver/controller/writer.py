@@ -24,14 +24,14 @@ from driver.controller.decode import MAX_OBJECT_DEPTH, decode_json, format_field
 from driver.controller.objects import FINALIZER, GATE, object_key
 from driver.errors import FractionalError
 from driver.kube import REQUEST_TIMEOUT_SECONDS, api_errors
-from driver.kube.client import send_json
+from driver.kube.transport import JsonSender
 
 __all__ = ["ApiWriter", "HaltWrites", "RejectedObjectError", "WriteHook", "WriteRecord"]
 
 log = logging.getLogger(__name__)
 
 MERGE_PATCH = "application/merge-patch+json"
-# Written with send_json (our dicts as they are); tests/chart/test_rbac.py reads these templates.
+# Written with JsonSender.send_json (our dicts as they are); tests/chart/test_rbac.py reads these.
 CLAIM_PATH = "/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}"
 CLAIM_STATUS_PATH = CLAIM_PATH + "/status"
 POD_PATH = "/api/v1/namespaces/{namespace}/pods/{name}"
@@ -83,10 +83,14 @@ class ApiWriter:
             api_client
         )  # Any: we send dicts and read raw JSON (_preload_content=False)
         self._core: Any = client.CoreV1Api(api_client)
-        self._api_client = api_client  # writes go through send_json: our dicts as they are
+        self._sender = JsonSender(api_client)  # writes: our dicts as they are, on a lean connection
         self._hook = hook
         self._fence = fence
         self.writes = 0
+
+    def close(self) -> None:
+        """Close the writer's own connection (its thread is done)."""
+        self._sender.close()
 
     def _check_fence(self) -> None:
         """Once the fence is set (leadership lost), no further write may go out, not even an undo."""
@@ -116,12 +120,12 @@ class ApiWriter:
     def _replace_claim(self, claim: dict[str, Any], what: str) -> dict[str, Any]:
         meta = claim["metadata"]
         what = f"{what} ResourceClaim {meta['namespace']}/{meta['name']}"
-        return _decode(send_json(self._api_client, "PUT", CLAIM_PATH, meta, claim, what=what))
+        return _decode(self._sender.send_json("PUT", CLAIM_PATH, meta, claim, what=what))
 
     def _replace_claim_status(self, claim: dict[str, Any], what: str) -> dict[str, Any]:
         meta = claim["metadata"]
         what = f"{what} ResourceClaim {meta['namespace']}/{meta['name']} status"
-        return _decode(send_json(self._api_client, "PUT", CLAIM_STATUS_PATH, meta, claim, what=what))
+        return _decode(self._sender.send_json("PUT", CLAIM_STATUS_PATH, meta, claim, what=what))
 
     def add_finalizer(self, claim: dict[str, Any]) -> dict[str, Any]:
         finalizers = list(claim["metadata"].get("finalizers") or ())
@@ -189,7 +193,7 @@ class ApiWriter:
         self._check_fence()
         what = f"remove scheduling gate from Pod {meta['namespace']}/{meta['name']}"
         stored = _decode(
-            send_json(self._api_client, "PATCH", POD_PATH, meta, body, what=what, content_type=MERGE_PATCH)
+            self._sender.send_json("PATCH", POD_PATH, meta, body, what=what, content_type=MERGE_PATCH)
         )
         self._done("ungate", object_key(pod))
         return stored
@@ -201,7 +205,7 @@ class ApiWriter:
         what = f"annotate Pod {meta['namespace']}/{meta['name']}"
         body = {"metadata": {"annotations": annotations}}
         stored = _decode(
-            send_json(self._api_client, "PATCH", POD_PATH, meta, body, what=what, content_type=MERGE_PATCH)
+            self._sender.send_json("PATCH", POD_PATH, meta, body, what=what, content_type=MERGE_PATCH)
         )
         self._done("annotate", object_key(pod))
         return stored

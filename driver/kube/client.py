@@ -18,7 +18,6 @@ __all__ = [
     "REQUEST_TIMEOUT_SECONDS",
     "WATCH_TIMEOUT_SECONDS",
     "get_json",
-    "send_json",
     "load_configuration",
     "new_api_client",
 ]
@@ -70,41 +69,3 @@ def get_json(api_client: client.ApiClient, path: str, *, what: str) -> dict[str,
     check_response_status(response.status, response.data or b"", what)
     result: dict[str, Any] = json.loads(response.data or b"{}")
     return result
-
-
-def send_json(
-    api_client: client.ApiClient,
-    method: str,
-    path: str,
-    path_params: dict[str, Any],
-    body: dict[str, Any],
-    *,
-    what: str,
-    content_type: str = "application/json",
-) -> bytes:
-    """Send ``body`` as it is to ``path`` (a template such as
-    ``/api/v1/namespaces/{namespace}/pods/{name}``, filled from ``path_params``, quoted); returns
-    the raw answer. Errors raise as ``api_errors`` turns them (ConflictError on 409, ...).
-
-    The typed API methods first validate a dict body into the client's model (pydantic), then walk
-    it again to serialize it: a fifth of the controller's CPU per write, and a model may drop fields
-    it does not know (a newer server's). The chart's RBAC test reads the templates at the call sites.
-    """
-    from driver.kube.errors import api_errors, check_response_status
-
-    params = {key: str(value) for key, value in path_params.items() if "{" + key + "}" in path}
-    method, url, headers, _body, _post = api_client.param_serialize(
-        method,
-        path,
-        path_params=params,
-        header_params={"Accept": "application/json", "Content-Type": content_type},
-        auth_settings=["BearerToken"],
-    )
-    with api_errors(what):
-        response = api_client.call_api(
-            method, url, header_params=headers, body=body, _request_timeout=REQUEST_TIMEOUT_SECONDS
-        )
-        response.read()  # type: ignore[no-untyped-call]
-    data: bytes = response.data or b""
-    check_response_status(response.status, data, what)
-    return data

@@ -392,13 +392,13 @@ def _decide(
 
 
 class _Recorder:
-    """Stands in for the API under ApiWriter (its ``send_json``): records each write as the typed
+    """Stands in for the API under ApiWriter (its ``JsonSender``): records each write as the typed
     client method it stands for, and answers with the body (the writer only decodes the answer)."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, Obj]] = []
 
-    def __call__(self, _api_client: Any, method: str, path: str, _params: Any, body: Obj, **_: Any) -> bytes:
+    def send_json(self, method: str, path: str, _params: Any, body: Obj, **_: Any) -> bytes:
         kind = "pod" if "/pods/" in path else "resource_claim"
         status = "_status" if path.endswith("/status") else ""
         self.calls.append(
@@ -410,7 +410,7 @@ class _Recorder:
 @pytest.fixture
 def writer(monkeypatch: pytest.MonkeyPatch) -> tuple[ApiWriter, list[_Recorder]]:
     recorder = _Recorder()
-    monkeypatch.setattr(writer_module, "send_json", recorder)
+    monkeypatch.setattr(writer_module, "JsonSender", lambda _api_client: recorder)
     return ApiWriter(client.ApiClient(client.Configuration())), [recorder]
 
 

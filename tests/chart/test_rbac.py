@@ -196,9 +196,9 @@ def _client_methods() -> frozenset[str]:
 RAW_GET = re.compile(
     r'get_json\(\s*[\w.]+,\s*f?"/(?:api/v1|apis/([\w.]+)/\w+)/(?:namespaces/[^/"]+/)?([a-z]+)/'
 )
-# driver.kube.client.send_json(api_client, "PUT", CLAIM_STATUS_PATH, ...): the template is a literal
+# driver.kube.transport: sender.send_json("PUT", CLAIM_STATUS_PATH, ...): the template is a literal
 # or a module constant (resolved with ast); HTTP method -> RBAC verb.
-RAW_SEND = re.compile(r'send_json\(\s*[\w.]+,\s*"([A-Z]+)",\s*("[^"]*"|[A-Z_]+)')
+RAW_SEND = re.compile(r'send_json\(\s*"([A-Z]+)",\s*("[^"]*"|[A-Z_]+)')
 SEND_VERBS = {"PUT": "update", "PATCH": "patch", "POST": "create", "DELETE": "delete"}
 PATH_TEMPLATE = re.compile(
     r"/(?:api/v1|apis/([\w.]+)/\w+)/(?:namespaces/\{namespace\}/)?([a-z]+)(?:/\{name\})?(/status)?"
@@ -273,7 +273,7 @@ def _calls_in(path: Path) -> set[tuple[str, str, str]]:
         found.add((group, match.group(2), "get"))
     sends = list(RAW_SEND.finditer(text))
     constants = _string_constants(text) if sends else {}
-    for match in sends:  # driver.kube.client.send_json: a write without a typed API class
+    for match in sends:  # JsonSender.send_json: a write without a typed API class
         argument = match.group(2)
         template = argument.strip('"') if argument.startswith('"') else constants.get(argument)
         assert template is not None, f"{path}: send_json path {argument} is not a module string constant"

@@ -1,0 +1,149 @@
+"""driver/kube/transport.py: the writers' lean connection honours the client's Configuration (TLS,
+token, host path), reports errors as the client path does, and survives a server that closes idle
+connections. A real HTTPS server with a certificate made by openssl for 127.0.0.1."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import shutil
+import ssl
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from driver.errors import ConflictError, TransientError
+from driver.kube.transport import JsonSender
+
+PATH = "/api/v1/namespaces/{namespace}/pods/{name}"
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    seen: list[dict[str, Any]] = []
+    close_after_answer = False
+
+    def do_PATCH(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        _Handler.seen.append({"path": self.path, "auth": self.headers.get("Authorization"),
+                              "type": self.headers.get("Content-Type"), "body": body})  # fmt: skip
+        status = 409 if self.path.endswith("/taken") else 200
+        answer = json.dumps({"kind": "Status", "message": "taken"} if status == 409 else body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(answer)))
+        self.end_headers()
+        self.wfile.write(answer)
+        if _Handler.close_after_answer:  # as an API server closing an idle keep-alive connection
+            self.close_connection = True
+
+    def log_message(self, *_: Any) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed")
+    folder = tmp_path_factory.mktemp("tls")
+    cert, key = folder / "server.crt", folder / "server.key"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=apiserver",
+         "-addext", "subjectAltName=IP:127.0.0.1,DNS:apiserver.test", "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    return cert, key
+
+
+@pytest.fixture
+def server(certificate: tuple[Path, Path]) -> Iterator[int]:
+    cert, key = certificate
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    httpd.socket = context.wrap_socket(httpd.socket, server_side=True)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    _Handler.seen.clear()
+    _Handler.close_after_answer = False
+    yield int(httpd.server_address[1])
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def _sender(port: int, **settings: Any) -> tuple[JsonSender, client.ApiClient]:
+    configuration = client.Configuration()
+    configuration.host = f"https://127.0.0.1:{port}/prefix"
+    configuration.api_key = {"BearerToken": "Bearer s3cret"}
+    for name, value in settings.items():
+        setattr(configuration, name, value)
+    api_client = client.ApiClient(configuration)
+    return JsonSender(api_client), api_client
+
+
+def test_a_write_goes_out_with_the_clients_token_path_and_ca(
+    server: int, certificate: tuple[Path, Path]
+) -> None:
+    sender, api_client = _sender(server, ssl_ca_cert=str(certificate[0]))
+    try:
+        answer = sender.send_json(
+            "PATCH", PATH, {"namespace": "ns", "name": "a b"}, {"spec": {"x": 1}}, what="patch pod",
+            content_type="application/merge-patch+json",
+        )  # fmt: skip
+        assert json.loads(answer) == {"spec": {"x": 1}}
+        (seen,) = _Handler.seen
+        assert seen == {"path": "/prefix/api/v1/namespaces/ns/pods/a%20b", "auth": "Bearer s3cret",
+                        "type": "application/merge-patch+json", "body": {"spec": {"x": 1}}}  # fmt: skip
+    finally:
+        sender.close()
+        api_client.close()
+
+
+def test_the_certificate_is_checked(server: int, certificate: tuple[Path, Path]) -> None:
+    sender, api_client = _sender(server)  # the system's CAs do not know our certificate
+    try:
+        with pytest.raises(TransientError, match=r"CERTIFICATE_VERIFY_FAILED|certificate verify failed"):
+            sender.send_json("PATCH", PATH, {"namespace": "ns", "name": "a"}, {}, what="patch pod")
+    finally:
+        sender.close()
+        api_client.close()
+    sender, api_client = _sender(server, ssl_ca_cert=str(certificate[0]), tls_server_name="elsewhere.test")
+    try:
+        with pytest.raises(TransientError, match=r"elsewhere\.test|match"):
+            sender.send_json("PATCH", PATH, {"namespace": "ns", "name": "a"}, {}, what="patch pod")
+    finally:
+        sender.close()
+        api_client.close()
+    sender, api_client = _sender(server, ssl_ca_cert=str(certificate[0]), tls_server_name="apiserver.test")
+    try:
+        sender.send_json("PATCH", PATH, {"namespace": "ns", "name": "a"}, {}, what="patch pod")
+    finally:
+        sender.close()
+        api_client.close()
+    sender, api_client = _sender(server, verify_ssl=False)
+    try:
+        sender.send_json("PATCH", PATH, {"namespace": "ns", "name": "a"}, {}, what="patch pod")
+    finally:
+        sender.close()
+        api_client.close()
+
+
+def test_answers_and_closed_connections(server: int, certificate: tuple[Path, Path]) -> None:
+    sender, api_client = _sender(server, ssl_ca_cert=str(certificate[0]))
+    try:
+        with pytest.raises(ConflictError, match="patch pod ns/taken: HTTP 409: taken"):
+            sender.send_json(
+                "PATCH", PATH, {"namespace": "ns", "name": "taken"}, {}, what="patch pod ns/taken"
+            )
+        _Handler.close_after_answer = True  # each answer closes the connection behind it
+        for index in range(3):  # the kept connection is found closed, and the write sent on a new one
+            sender.send_json("PATCH", PATH, {"namespace": "ns", "name": f"p{index}"}, {}, what="patch pod")
+        assert [s["path"].rsplit("/", 1)[1] for s in _Handler.seen] == ["taken", "p0", "p1", "p2"]
+    finally:
+        sender.close()
+        api_client.close()
