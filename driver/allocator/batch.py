@@ -218,12 +218,31 @@ def _one_pass(
     one = _Pass(state, groups, node, best_fit)
     try:
         one.run(order)
-        if best_fit:
+        if best_fit and not _compaction_is_futile(state, groups):
             one.compact()
             one.run([p for p in order if p not in one.placed])  # compacting may have made room
     finally:
         one.release()
     return one.placed
+
+
+def _compaction_is_futile(state: ClusterData, groups: Sequence[_Group]) -> bool:
+    """Single shares of one shape (a Deployment scaling up) on shared devices that are all alike
+    (one GPU model): compaction cannot empty a device. Placed one after another with nothing
+    released, a share opens a device only when no device in use has room for it (best-fit tries
+    devices in use first), and room only shrinks; so every device in use but the last one opened is
+    full for this shape, and the last one, holding at least one, has room for fewer than a full one
+    holds. A mixed burst, or GPUs of several sizes, still compacts."""
+    first = groups[0]
+    if len(first.claims) != 1 or len(first.claims[0].slots) != 1 or len(state.share_shapes()) != 1:
+        return False
+    alternatives = first.claims[0].slots[0].alternatives
+    if len(alternatives) != 1 or alternatives[0].count != 1 or not alternatives[0].capacity:
+        return False  # not a single share
+    shape = (first.claims[0].signature, first.pods, first.exclude)
+    return all(
+        (g.claims[0].signature if len(g.claims) == 1 else None, g.pods, g.exclude) == shape for g in groups
+    )
 
 
 def _quality(state: ClusterData, groups: Sequence[_Group], placed: Mapping[int, Placed]) -> tuple[Any, ...]:

@@ -90,6 +90,7 @@ class ClusterData:
         self._max_candidates: int | None = None
         self._holds = 0
         self._scale: dict[str, float] | None = None
+        self._share_shapes: frozenset[tuple[tuple[str, Number], ...]] | None = None
 
     # ------------------------------------------------------------ slices, classes, nodes
 
@@ -140,6 +141,7 @@ class ClusterData:
     def _touch_pool(self, key: tuple[str, str]) -> None:
         self._node_list = None
         self._scale = None
+        self._share_shapes = None
         self._counter_cache.pop(key, None)
         if self._pool_global.get(key):
             self._all_dirty = True
@@ -380,6 +382,18 @@ class ClusterData:
                             scale[key] = value
             self._scale = scale
         return self._scale
+
+    def share_shapes(self) -> frozenset[tuple[tuple[str, Number], ...]]:
+        """The distinct capacity sets of the devices that take shares (one entry: every shared
+        device is alike, as on a cluster of one GPU model)."""
+        if self._share_shapes is None:
+            self._share_shapes = frozenset(
+                tuple(sorted((key, spec.value) for key, spec in device.capacity.items()))
+                for slice_ in self._slices.values()
+                for device in slice_.devices
+                if device.allow_multiple and device.memory_key is not None
+            )
+        return self._share_shapes
 
     def hold(self, entries: tuple[LedgerEntry, ...]) -> str:
         """Count ``entries`` as allocated under a fresh private uid (a tentative hold); see ``release``."""

@@ -190,3 +190,47 @@ def test_batch_never_places_fewer_groups_than_arrival_order(cluster: Any, specs:
             one_by_one += 1
             state.assume([{**group[0], "status": {"allocation": result[0]}}])
     assert sum(r is not None for r in results) >= one_by_one
+
+
+@SETTINGS
+@given(
+    st.integers(1, 40),  # memory GiB of the burst's shares
+    st.integers(0, 60),  # their compute %
+    st.integers(1, 40),  # how many
+    st.lists(st.tuples(st.integers(1, 60), st.integers(0, 90)), max_size=12),  # shares already placed
+)
+def test_skipping_compaction_for_a_same_shape_burst_changes_nothing(
+    memory: int, compute: int, count: int, existing: list[tuple[int, int]]
+) -> None:
+    """A burst of one shape on GPUs all alike skips compaction (batch._compaction_is_futile); the
+    argument for it is checked here: compacting anyway places the same shares on as many GPUs."""
+    from driver.allocator import batch
+
+    def run(compact: bool) -> tuple[int, int]:
+        state = _state(node_slice("n0", gpus=4), node_slice("n1", gpus=4))
+        for index, (gi, pct) in enumerate(existing):  # arrival order, one at a time
+            raw = share(f"e{index}", gi, pct)
+            result = state.allocate([raw], rng=random.Random(index))
+            if result is not None:
+                state.assume([{**raw, "status": {"allocation": result[0]}}])
+        groups = [[share(f"b{i}", memory, compute)] for i in range(count)]
+        original = batch._compaction_is_futile
+        answers: list[bool] = []
+
+        def judged(*args: Any) -> bool:
+            answers.append(original(*args))
+            return answers[-1] and not compact
+
+        batch._compaction_is_futile = judged  # type: ignore[assignment]
+        try:
+            results = state.allocate_many(groups, rng=random.Random(0))
+        finally:
+            batch._compaction_is_futile = original  # type: ignore[assignment]
+        assert answers and all(answers)  # the case the skip is for
+        placed = [r for r in results if r is not None]
+        devices = {
+            (a["devices"]["results"][0]["pool"], a["devices"]["results"][0]["device"]) for (a,) in placed
+        }
+        return len(placed), len(devices)
+
+    assert run(compact=False) == run(compact=True)
