@@ -16,7 +16,7 @@ Scenarios per run:
 
 Prints a markdown table and writes bench/results/controller.json. Run:
     .venv/bin/python bench/bench_controller.py [--pods 1000] [--nodes 100] [--stream 300]
-        [--write-delay-ms 10] [--writers 16] [--repeats 3]
+        [--write-delay-ms 10] [--writers 32] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -269,7 +269,7 @@ def main() -> None:
     parser.add_argument("--stream", type=int, default=300)
     parser.add_argument("--policy", default="best-fit")
     parser.add_argument("--write-delay-ms", type=int, default=10, help="the delayed run's write delay")
-    parser.add_argument("--writers", type=int, default=16, help="writer threads of the pipelined path")
+    parser.add_argument("--writers", type=int, default=32, help="writer threads of the pipelined path")
     parser.add_argument("--repeats", type=int, default=3, help="backlog runs per path (median kept)")
     args = parser.parse_args()
     rows = run(args)
