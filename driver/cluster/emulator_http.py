@@ -408,6 +408,7 @@ class ThreadedHTTPServer(ThreadingHTTPServer):
 
     daemon_threads = True
     block_on_close = False  # close_connections() joins instead
+    request_queue_size = 128  # listen backlog (socketserver's 5 drops a controller's 40 connections at start)
 
     def __init__(
         self, address: tuple[str, int], backend: Backend, *, write_delay_seconds: float = 0.0

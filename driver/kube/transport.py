@@ -18,6 +18,7 @@ from __future__ import annotations
 import http.client
 import json
 import ssl
+import time
 import weakref
 from typing import Any
 from urllib.parse import urlsplit
@@ -31,6 +32,8 @@ from driver.kube.errors import api_errors, check_response_status
 __all__ = ["JsonSender"]
 
 MAX_ERROR_CHARS = 300
+CONNECT_ATTEMPTS = 3
+CONNECT_BACKOFF_SECONDS = 0.05
 # The server closed a kept-alive connection before reading our request: sending again is safe.
 _STALE = (
     http.client.RemoteDisconnected,
@@ -146,8 +149,9 @@ class JsonSender:
     def _exchange(
         self, method: str, path: str, payload: bytes, headers: dict[str, str], what: str
     ) -> tuple[int, bytes]:
+        stale_retried = False
         for _attempt in range(2):
-            connection = self._connect()
+            connection = self._open_connection(what)
             reused = self._used
             try:
                 connection.request(method, path, body=payload, headers=headers)
@@ -155,7 +159,8 @@ class JsonSender:
                 data = response.read()
             except _STALE as error:
                 self.close()
-                if reused:
+                if reused and not stale_retried:
+                    stale_retried = True
                     continue  # the server had closed the idle connection: once more on a new one
                 raise TransientError(f"{what}: {str(error)[:MAX_ERROR_CHARS]}") from error
             except (OSError, http.client.HTTPException) as error:
@@ -166,6 +171,24 @@ class JsonSender:
                 self.close()
             return response.status, data
         raise TransientError(f"{what}: the connection was closed twice")  # pragma: no cover
+
+    def _open_connection(self, what: str) -> http.client.HTTPConnection:
+        """The kept connection, or a new one; connecting is tried CONNECT_ATTEMPTS times (nothing
+        was sent yet, so trying again is always safe), as urllib3's default retries do."""
+        connection = self._connect()
+        if connection.sock is not None:
+            return connection
+        for attempt in range(CONNECT_ATTEMPTS):
+            try:
+                connection.connect()
+                return connection
+            except OSError as error:
+                self.close()
+                if attempt == CONNECT_ATTEMPTS - 1 or isinstance(error, ssl.SSLCertVerificationError):
+                    raise TransientError(f"{what}: connect: {str(error)[:MAX_ERROR_CHARS]}") from error
+                time.sleep(CONNECT_BACKOFF_SECONDS * (attempt + 1))
+                connection = self._connect()
+        raise AssertionError("unreachable")  # pragma: no cover
 
 
 class _HTTPSConnection(http.client.HTTPSConnection):

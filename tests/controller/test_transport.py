@@ -147,3 +147,33 @@ def test_answers_and_closed_connections(server: int, certificate: tuple[Path, Pa
     finally:
         sender.close()
         api_client.close()
+
+
+def test_connecting_is_tried_again(
+    server: int, certificate: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A refused connection (an API server restarting, a full listen queue) is tried again, as
+    urllib3's default retries would; nothing was sent, so it is safe. Three refusals in a row fail."""
+    from driver.kube import transport
+
+    refusals = [2]
+    connect = transport._HTTPSConnection.connect
+
+    def flaky(self: Any) -> None:
+        if refusals[0] > 0:
+            refusals[0] -= 1
+            raise ConnectionRefusedError("refused")
+        connect(self)
+
+    monkeypatch.setattr(transport._HTTPSConnection, "connect", flaky)
+    sender, api_client = _sender(server, ssl_ca_cert=str(certificate[0]))
+    try:
+        sender.send_json("PATCH", PATH, {"namespace": "ns", "name": "a"}, {}, what="patch pod")
+        assert len(_Handler.seen) == 1
+        sender.close()
+        refusals[0] = 3
+        with pytest.raises(TransientError, match="patch pod: connect: refused"):
+            sender.send_json("PATCH", PATH, {"namespace": "ns", "name": "b"}, {}, what="patch pod")
+    finally:
+        sender.close()
+        api_client.close()
