@@ -71,6 +71,10 @@ class ReconcilerSettings:
 class _Unfit:
     key: tuple[str, int] = ("", -1)  # (gang signature, capacity generation) last explained
     hint_json: str | None = None
+    stale: int = 0  # explanations skipped in a row because capacity changed after the decision
+
+
+STALE_EXPLANATIONS_SKIPPED = 3  # then say why anyway: a busy cluster must not starve the Event
 
 
 def _claim_keys(plan: GangPlan) -> list[str]:
@@ -422,6 +426,12 @@ class Reconciler:
         key = (plan.signature, generation)
         if state.key == key:
             return  # nothing changed since we last said why
+        if self.capacity_generation() != generation and state.stale < STALE_EXPLANATIONS_SKIPPED:
+            # Capacity changed since this decision (a Node seen after its slices, a pod gone): the
+            # gang is decided again, so an Event now would describe a cluster that no longer is.
+            state.stale += 1
+            return
+        state.stale = 0
         with self.cache.lock:
             claims = [c for g in plan.groups for c in g.pending_claims]
             pod_groups, start = [], 0
