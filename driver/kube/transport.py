@@ -85,8 +85,8 @@ class JsonSender:
             configuration.assert_hostname if isinstance(configuration.assert_hostname, str) else None
         )
         self._server_name = server_name
-        self._connection: http.client.HTTPConnection | None = None
-        self._open: list[http.client.HTTPConnection] = []  # closed at GC too, if nobody called close()
+        # The connection, when one is open (at most one); closed at GC too, if nobody called close().
+        self._open: list[http.client.HTTPConnection] = []
         weakref.finalize(self, _close_all, self._open)
         self._used = False  # the connection has answered before: a failure to send may mean it went stale
 
@@ -127,13 +127,12 @@ class JsonSender:
         return data
 
     def close(self) -> None:
-        if self._connection is not None:
-            self._connection.close()
-        self._connection = None
+        _close_all(self._open)
+        self._open.clear()
         self._used = False
 
     def _connect(self) -> http.client.HTTPConnection:
-        if self._connection is None:
+        if not self._open:
             if self._https:
                 connection: http.client.HTTPConnection = _HTTPSConnection(
                     self._netloc, timeout=REQUEST_TIMEOUT_SECONDS, context=self._context,
@@ -141,10 +140,9 @@ class JsonSender:
                 )  # fmt: skip
             else:
                 connection = http.client.HTTPConnection(self._netloc, timeout=REQUEST_TIMEOUT_SECONDS)
-            self._connection = connection
             self._used = False
-            self._open[:] = [connection]
-        return self._connection
+            self._open.append(connection)
+        return self._open[0]
 
     def _exchange(
         self, method: str, path: str, payload: bytes, headers: dict[str, str], what: str

@@ -4,6 +4,7 @@ connections. A real HTTPS server with a certificate made by openssl for 127.0.0.
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
 import shutil
@@ -76,21 +77,27 @@ def server(certificate: tuple[Path, Path]) -> Iterator[int]:
     httpd.server_close()
 
 
-def _sender(port: int, **settings: Any) -> tuple[JsonSender, client.ApiClient]:
+@contextlib.contextmanager
+def _sender(port: int, **settings: Any) -> Iterator[JsonSender]:
+    """A sender for the test server, with ``settings`` on its Configuration; closed afterwards."""
     configuration = client.Configuration()
     configuration.host = f"https://127.0.0.1:{port}/prefix"
     configuration.api_key = {"BearerToken": "Bearer s3cret"}
     for name, value in settings.items():
         setattr(configuration, name, value)
     api_client = client.ApiClient(configuration)
-    return JsonSender(api_client), api_client
+    sender = JsonSender(api_client)
+    try:
+        yield sender
+    finally:
+        sender.close()
+        api_client.close()
 
 
 def test_a_write_goes_out_with_the_clients_token_path_and_ca(
     server: int, certificate: tuple[Path, Path]
 ) -> None:
-    sender, api_client = _sender(server, ssl_ca_cert=str(certificate[0]))
-    try:
+    with _sender(server, ssl_ca_cert=str(certificate[0])) as sender:
         answer = sender.send_json(
             "PATCH", PATH, {"namespace": "ns", "name": "a b"}, {"spec": {"x": 1}}, what="patch pod",
             content_type="application/merge-patch+json",
@@ -99,43 +106,23 @@ def test_a_write_goes_out_with_the_clients_token_path_and_ca(
         (seen,) = _Handler.seen
         assert seen == {"path": "/prefix/api/v1/namespaces/ns/pods/a%20b", "auth": "Bearer s3cret",
                         "type": "application/merge-patch+json", "body": {"spec": {"x": 1}}}  # fmt: skip
-    finally:
-        sender.close()
-        api_client.close()
 
 
 def test_the_certificate_is_checked(server: int, certificate: tuple[Path, Path]) -> None:
-    sender, api_client = _sender(server)  # the system's CAs do not know our certificate
-    try:
-        with pytest.raises(TransientError, match=r"CERTIFICATE_VERIFY_FAILED|certificate verify failed"):
-            sender.send_json("PATCH", PATH, {"namespace": "ns", "name": "a"}, {}, what="patch pod")
-    finally:
-        sender.close()
-        api_client.close()
-    sender, api_client = _sender(server, ssl_ca_cert=str(certificate[0]), tls_server_name="elsewhere.test")
-    try:
-        with pytest.raises(TransientError, match=r"elsewhere\.test|match"):
-            sender.send_json("PATCH", PATH, {"namespace": "ns", "name": "a"}, {}, what="patch pod")
-    finally:
-        sender.close()
-        api_client.close()
-    sender, api_client = _sender(server, ssl_ca_cert=str(certificate[0]), tls_server_name="apiserver.test")
-    try:
+    unknown = r"CERTIFICATE_VERIFY_FAILED|certificate verify failed"  # the system's CAs lack our certificate
+    with _sender(server) as sender, pytest.raises(TransientError, match=unknown):
         sender.send_json("PATCH", PATH, {"namespace": "ns", "name": "a"}, {}, what="patch pod")
-    finally:
-        sender.close()
-        api_client.close()
-    sender, api_client = _sender(server, verify_ssl=False)
-    try:
+    elsewhere = _sender(server, ssl_ca_cert=str(certificate[0]), tls_server_name="elsewhere.test")
+    with elsewhere as sender, pytest.raises(TransientError, match=r"elsewhere\.test|match"):
         sender.send_json("PATCH", PATH, {"namespace": "ns", "name": "a"}, {}, what="patch pod")
-    finally:
-        sender.close()
-        api_client.close()
+    with _sender(server, ssl_ca_cert=str(certificate[0]), tls_server_name="apiserver.test") as sender:
+        sender.send_json("PATCH", PATH, {"namespace": "ns", "name": "a"}, {}, what="patch pod")
+    with _sender(server, verify_ssl=False) as sender:
+        sender.send_json("PATCH", PATH, {"namespace": "ns", "name": "a"}, {}, what="patch pod")
 
 
 def test_answers_and_closed_connections(server: int, certificate: tuple[Path, Path]) -> None:
-    sender, api_client = _sender(server, ssl_ca_cert=str(certificate[0]))
-    try:
+    with _sender(server, ssl_ca_cert=str(certificate[0])) as sender:
         with pytest.raises(ConflictError, match="patch pod ns/taken: HTTP 409: taken"):
             sender.send_json(
                 "PATCH", PATH, {"namespace": "ns", "name": "taken"}, {}, what="patch pod ns/taken"
@@ -144,9 +131,6 @@ def test_answers_and_closed_connections(server: int, certificate: tuple[Path, Pa
         for index in range(3):  # the kept connection is found closed, and the write sent on a new one
             sender.send_json("PATCH", PATH, {"namespace": "ns", "name": f"p{index}"}, {}, what="patch pod")
         assert [s["path"].rsplit("/", 1)[1] for s in _Handler.seen] == ["taken", "p0", "p1", "p2"]
-    finally:
-        sender.close()
-        api_client.close()
 
 
 def test_connecting_is_tried_again(
@@ -166,14 +150,10 @@ def test_connecting_is_tried_again(
         connect(self)
 
     monkeypatch.setattr(transport._HTTPSConnection, "connect", flaky)
-    sender, api_client = _sender(server, ssl_ca_cert=str(certificate[0]))
-    try:
+    with _sender(server, ssl_ca_cert=str(certificate[0])) as sender:
         sender.send_json("PATCH", PATH, {"namespace": "ns", "name": "a"}, {}, what="patch pod")
         assert len(_Handler.seen) == 1
         sender.close()
         refusals[0] = 3
         with pytest.raises(TransientError, match="patch pod: connect: refused"):
             sender.send_json("PATCH", PATH, {"namespace": "ns", "name": "b"}, {}, what="patch pod")
-    finally:
-        sender.close()
-        api_client.close()
