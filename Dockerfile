@@ -23,7 +23,7 @@ COPY pyproject.toml README.md ./
 # Every dependency ships manylinux wheels for 3.11: no compiler is needed (or present).
 # The runtime dependencies first, in a layer of their own (a change to driver/ reuses it). Then
 # strip what the agent and the controller never run: type stubs, and kubernetes/aio, the
-# client's asyncio twin (68 MB with its bytecode; we use the threaded client, STYLE.md, and
+# client's asyncio twin (68 MB with its bytecode; we use the threaded client, and
 # `import kubernetes` does not import it). Bytecode is compiled once here: the image runs with
 # PYTHONDONTWRITEBYTECODE, and importing the kubernetes client uncompiled costs about 2 s at
 # every start.

@@ -28,10 +28,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import summary, write_result
-from driver.controller.cache import ClusterCache, Kind
-from driver.controller.decide import decide_all
-from driver.controller.gangs import plan_gang
-from driver.controller.objects import GATE, GangKey
+from driver.controller.gangs.burst import decide_all
+from driver.controller.gangs.plan import plan_gang
+from driver.controller.model.objects import GATE, GangKey
+from driver.controller.view.cache import ClusterCache, Kind
 from driver.inventory.fake import load_profile, resolve_profile
 from driver.slices import build_device_classes, build_resource_slices
 

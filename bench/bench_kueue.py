@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import summary, write_result
 from driver.allocator import ClusterState
-from driver.controller.kueue import WorkloadClaims, build_workload_claims, decide_workload
+from driver.controller.kueue.check import WorkloadClaims, build_workload_claims, decide_workload
 from driver.inventory.fake import load_profile, resolve_profile
 from driver.slices import build_device_classes, build_resource_slices
 

@@ -127,7 +127,7 @@ def _status_kib(pid: int, field: str) -> int:
 def bench(scrapes: int, *, dcgm: bool) -> list[dict[str, Any]]:
     from kubernetes import client
 
-    from driver.cluster.emulator import APIServer
+    from driver.cluster.apiserver import APIServer
     from driver.cluster.kubelet import KubeletSimulator
     from driver.inventory.fake import load_profile, resolve_profile
 

@@ -45,7 +45,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench._common import summary, write_result  # noqa: E402
 from driver import DRIVER_NAME  # noqa: E402
-from driver.cluster.emulator import APIServer  # noqa: E402
+from driver.cluster.apiserver import APIServer  # noqa: E402
 from driver.cluster.kubelet import KubeletSimulator  # noqa: E402
 from driver.config import PluginConfig  # noqa: E402
 from driver.plugin.agent import NodeAgent  # noqa: E402

@@ -4,7 +4,7 @@ Setup: 100 nodes x 8 GPUs (80 GiB each) in the allocator's ``ClusterState``, fil
 shares of 8-32 GiB at mixed priorities (100/500/1000/5000; about a tenth of them in lower-priority
 gangs of 4), placed first-fit in a random order of GPUs, so no GPU is wholly free. The preemptor
 (priority 2000) is a 16-GPU gang of whole GPUs, in two shapes: 2 pods x 8 GPUs (one claim of 8
-each) and 16 pods x 1 GPU. Measured: ``choose_victims`` (driver/controller/preemption.py) with the
+each) and 16 pods x 1 GPU. Measured: ``choose_victims`` (driver/controller/preemption/victims.py) with the
 allocator as its fit check, as the controller runs it; units are built once per run (included).
 
 Prints a markdown table and writes bench/results/preemption.json. Run:
@@ -25,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import summary, write_result
 from driver.allocator import ClusterState
-from driver.controller.objects import GANG_LABEL
-from driver.controller.preemption import Placement, build_victim_units, choose_victims
+from driver.controller.model.objects import GANG_LABEL
+from driver.controller.preemption.victims import Placement, build_victim_units, choose_victims
 from driver.slices import build_device_classes
 
 GPUS_PER_NODE = 8

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 DRIVER_NAME = "fractional.dev"
-"""The DRA driver name (DESIGN.md section 1)."""
+"""The DRA driver name (docs/architecture.md: Names)."""
 
 __all__ = ["DRIVER_NAME"]
 __version__ = "0.1.0"

@@ -400,7 +400,7 @@ def _run_controller(args: argparse.Namespace) -> int:
 
 
 def _run_plan(args: argparse.Namespace) -> int:
-    from driver.controller.plan import run_plan
+    from driver.controller.diagnosis.plan import run_plan
 
     config = PlanConfig(
         profile=args.profile, claims=args.claims, policy=args.policy, output=args.output, kueue=args.kueue
@@ -425,7 +425,7 @@ def _require_demo_extra(command: str) -> None:
 
 def _run_apiserver(args: argparse.Namespace) -> int:
     _require_demo_extra("apiserver")
-    from driver.cluster.emulator import APIServer
+    from driver.cluster.apiserver import APIServer
 
     config = ApiServerConfig(
         port=args.port,

@@ -134,7 +134,9 @@ class ControllerConfig:
     def __post_init__(self) -> None:
         _check_choice("--policy", self.policy, POLICIES)
         _check_port("--metrics-port", self.metrics_port)
-        from driver.controller.gang_identity import parse_gang_sources  # raises ConfigError naming the flag
+        from driver.controller.model.gang_identity import (
+            parse_gang_sources,  # raises ConfigError naming the flag
+        )
 
         parse_gang_sources(self.gang_sources)
         if self.leader_elect and not self.identity:

@@ -1,4 +1,4 @@
-"""The error tree, sorted by what the caller does (STYLE.md "Errors").
+"""The error tree, sorted by what the caller does (docs/architecture.md, "Layout and layering").
 
 Only ``driver.kube.errors`` touches the Kubernetes client's ``ApiException``; everything above it
 sees these classes.

@@ -1,5 +1,5 @@
 """Keeps the node's ResourceSlice pool equal to its inventory (the upstream Go ``resourceslice``
-controller's semantics, reference/kubelet-protocol.md section 5).
+controller's semantics, ``dynamic-resource-allocation/resourceslice/resourceslicecontroller.go``).
 
 Per sync: list this node's slices of our driver; slices of older generations (or other pools) are
 obsolete; existing slices are matched to desired ones by their set of device names; the pool

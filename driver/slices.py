@@ -1,4 +1,5 @@
-"""Inventory -> ``resource.k8s.io/v1`` ResourceSlice objects (DESIGN.md sections 1-2). Pure: no I/O.
+"""Inventory -> ``resource.k8s.io/v1`` ResourceSlice objects (docs/architecture.md: Names, The share
+model). Pure: no I/O.
 
 One pool per node, named after the node; devices ``gpu-<n>`` then ``nic-<n>``, chunked into
 slices of at most 128 devices (64 when any device carries taints). GPUs are shareable

@@ -1,7 +1,7 @@
 """``fractional status``: the cluster's GPUs as the API sees them, in the terminal.
 
 Per GPU: memory and guaranteed compute allocated, the number of shares (the demo's table,
-``driver.demo.report``), then per GPU the pods holding a share of it. ``--watch`` redraws every
+``driver.gpu_usage``), then per GPU the pods holding a share of it. ``--watch`` redraws every
 ``--interval`` seconds until Ctrl-C. Read-only: lists ResourceSlices and ResourceClaims.
 """
 
@@ -14,10 +14,10 @@ from typing import Any, TextIO
 
 from driver import DRIVER_NAME
 from driver.config import StatusConfig
-from driver.controller.explain import format_bytes
-from driver.controller.objects import quantity
-from driver.demo.objects import as_dict
-from driver.demo.report import compute_gpu_usage, render_usage_table
+from driver.controller.diagnosis.explain import format_bytes
+from driver.controller.model.objects import quantity
+from driver.gpu_usage import compute_gpu_usage, render_usage_table
+from driver.kube import as_dict
 
 __all__ = ["read_cluster", "render_status", "run_status"]
 

@@ -19,11 +19,10 @@ from typing import Any
 
 from driver.allocator import ClusterState
 from driver.config import WhyConfig
-from driver.controller.explain import best_node_offer, describe_demand, format_bytes
-from driver.controller.fragmentation import GpuCapacity, build_gpu_capacities, products_from_slices
-from driver.controller.gang_identity import GangSource, identify, resolve
-from driver.controller.gangs import PodGroup
-from driver.controller.objects import (
+from driver.controller.diagnosis.explain import best_node_offer, describe_demand, format_bytes
+from driver.controller.gangs.plan import PodGroup
+from driver.controller.model.gang_identity import GangSource, identify, resolve
+from driver.controller.model.objects import (
     GATE,
     HINT_ANNOTATION,
     gang_size_of,
@@ -31,6 +30,7 @@ from driver.controller.objects import (
     pod_claim_refs,
     quantity,
 )
+from driver.controller.sizing.fragmentation import GpuCapacity, build_gpu_capacities, products_from_slices
 from driver.errors import FractionalError
 
 __all__ = ["ClusterView", "DeviceFit", "GpuNeed", "compute_device_fits", "explain_pod", "run_why"]
@@ -254,8 +254,7 @@ def explain_pod(pod: dict[str, Any], view: ClusterView, *, policy: str = "best-f
 def read_view(configuration: Any, namespace: str) -> ClusterView:
     from kubernetes import client
 
-    from driver.demo.objects import as_dict
-    from driver.kube import REQUEST_TIMEOUT_SECONDS, api_errors, new_api_client
+    from driver.kube import REQUEST_TIMEOUT_SECONDS, api_errors, as_dict, new_api_client
 
     api_client = new_api_client(configuration)
     core = client.CoreV1Api(api_client)

@@ -12,7 +12,7 @@ import pytest
 if TYPE_CHECKING:
     from kubernetes import client
 
-    from driver.cluster.emulator import APIServer
+    from driver.cluster.apiserver import APIServer
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SHARED_REFERENCE = REPO_ROOT.parent / "shared" / "reference"
@@ -31,7 +31,7 @@ def _restore_root_logging() -> Iterator[None]:
 
 @pytest.fixture
 def api_server() -> Iterator[APIServer]:
-    from driver.cluster.emulator import APIServer
+    from driver.cluster.apiserver import APIServer
 
     server = APIServer(host="127.0.0.1", port=0)
     server.start()

@@ -30,11 +30,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from driver import DRIVER_NAME
 from driver.demo.binder import PodBinder
 from driver.demo.cluster import FakeCluster, wait_until
-from driver.demo.objects import as_dict, build_claim, build_pod, gpu_request
+from driver.demo.objects import build_claim, build_pod, gpu_request
 from driver.inventory.fake import load_profile, resolve_profile
 from driver.inventory.fake_nvml import FakeNVML
 from driver.inventory.model import normalize_version
-from driver.kube import new_api_client
+from driver.kube import as_dict, new_api_client
 
 NAMESPACE = "conformance"
 NODE = "node-a"

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from driver.cluster.emulator import APIServer
+from driver.cluster.apiserver import APIServer
 from driver.errors import ConflictError
 from driver.inventory.discover import discover_inventory
 from driver.inventory.model import NodeInventory

@@ -1,5 +1,5 @@
-"""Inventory -> ResourceSlices: shape per DESIGN.md sections 1-2, strict schema validity on 1.35
-and 1.37, acceptance by the emulator, chunking, taints and rendering."""
+"""Inventory -> ResourceSlices: shape per docs/architecture.md (Names, The share model), strict schema
+validity on 1.35 and 1.37, acceptance by the emulator, chunking, taints and rendering."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 import yaml
 from kubernetes import client
 
-from driver.cluster.emulator import APIServer
+from driver.cluster.apiserver import APIServer
 from driver.inventory.discover import discover_inventory
 from driver.inventory.fake import list_profiles
 from driver.inventory.model import GPU, NIC, NodeInventory

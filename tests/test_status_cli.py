@@ -13,10 +13,10 @@ from kubernetes import client
 from driver.allocator import allocate
 from driver.cli import main
 from driver.config import StatusConfig
-from driver.controller.objects import HINT_ANNOTATION
-from driver.demo.objects import as_dict, build_claim, build_device_classes, build_node, build_pod, gpu_request
+from driver.controller.model.objects import HINT_ANNOTATION
+from driver.demo.objects import build_claim, build_device_classes, build_node, build_pod, gpu_request
 from driver.inventory.fake import load_profile, resolve_profile
-from driver.kube import new_api_client
+from driver.kube import as_dict, new_api_client
 from driver.slices import build_resource_slices
 from driver.status import run_status
 

@@ -13,7 +13,7 @@ Public API::
 all be allocated; it raises AllocationError for what upstream treats as fatal. ``allocate_many`` places
 many independent groups (a pod's claims, or a gang) at once, each all-or-nothing on its own, and
 answers one entry per group in order (None for a group that does not fit); a fatal error in one group
-raises GroupAllocationError naming it. See DESIGN.md section 4.
+raises GroupAllocationError naming it. See docs/architecture.md: Contracts.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Bursts: many independent groups placed together (DESIGN.md section 4, ``allocate_many``).
+"""Bursts: many independent groups placed together (docs/architecture.md: Contracts, ``allocate_many``).
 
 A group is one pod's claims or a whole gang; each is all-or-nothing on its own, and a group that does
 not fit never stops the others. Groups are placed largest first by their normalised demand (each

@@ -1,9 +1,10 @@
 """Consumable capacity (KEP-5075): request-policy rounding, policy checks, the per-device fit test.
 
-Mirrors ``internal/incubating/consumable_capacity.go`` (dra-api.md section 4.8): every capacity of the
-device is consumed (an unrequested one consumes the policy default, else the whole value), a request
-naming a capacity the device lacks skips the device, and the sum of committed, in-pass and new
-consumption may not exceed the capacity value.
+Mirrors upstream ``structured/internal/incubating/consumable_capacity.go`` (kubernetes
+``staging/src/k8s.io/dynamic-resource-allocation``): every capacity of the device is consumed (an
+unrequested one consumes the policy default, else the whole value), a request naming a capacity
+the device lacks skips the device, and the sum of committed, in-pass and new consumption may not
+exceed the capacity value.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Pool gathering for one node (dra-api.md section 4.2) and node-selector matching.
+"""Pool gathering for one node (upstream ``GatherPools``, ``internal/incubating/pools_incubating.go``)
+and node-selector matching.
 
 ``gather_pools`` sees the slices of every candidate pool and answers the ordered pools the node can
 allocate from: highest generation wins; a pool short of ``resourceSliceCount`` slices for this node is

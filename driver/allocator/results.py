@@ -1,4 +1,5 @@
-"""Rendering a search solution as ``status.allocation`` (AllocationResult) dicts (dra-api.md 4.10)."""
+"""Rendering a search solution as ``status.allocation`` (AllocationResult) dicts, as upstream
+``structured/internal/incubating/allocator_incubating.go`` assembles them."""
 
 from __future__ import annotations
 

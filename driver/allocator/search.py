@@ -1,12 +1,13 @@
 """The per-node device search: upstream's depth-first allocator, with best-fit candidate ordering.
 
 ``NodeSearch(...).run()`` allocates a list of claims on one node, like ``Allocator.Allocate`` of
-``internal/incubating`` (dra-api.md 4.3-4.9): claims in order, requests in order, device slots in
-order; within a request candidates continue after the previous pick (combinations, never the same
-device twice); ``firstAvailable`` alternatives in order with the rest of the search under each; the
-32-result limit moves on to the next alternative; per-candidate checks in upstream order (in use,
-selectors, capacity, counters, taints, constraints) with everything undone on backtrack (counters
-included, as fixed by PR #140431).
+upstream ``structured/internal/incubating/allocator_incubating.go`` (kubernetes
+``staging/src/k8s.io/dynamic-resource-allocation``): claims in order, requests in order, device
+slots in order; within a request candidates continue after the previous pick (combinations, never
+the same device twice); ``firstAvailable`` alternatives in order with the rest of the search under
+each; the 32-result limit moves on to the next alternative; per-candidate checks in upstream order
+(in use, selectors, capacity, counters, taints, constraints) with everything undone on backtrack
+(counters included, as fixed by PR #140431).
 
 ``best_fit=True`` changes only the *order* in which valid candidates are tried (packing first: shared
 devices in use, then the least room left by every capacity, normalised (``residual_score``); then

@@ -39,7 +39,10 @@ class NodeView:
 
 
 def ledger_entries(claim: Mapping[str, Any]) -> tuple[LedgerEntry, ...]:
-    """What an allocated claim holds (dra-api.md 4.7): admin results block nothing, shareID means shared."""
+    """What an allocated claim holds: admin results block nothing, shareID means shared.
+
+    As the scheduler's ``pkg/scheduler/framework/plugins/dynamicresources/allocateddevices.go``.
+    """
     allocation = (claim.get("status") or {}).get("allocation")
     if not allocation:
         return ()

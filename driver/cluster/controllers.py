@@ -28,8 +28,8 @@ from typing import Any
 
 from kubernetes import client
 
-from driver.cluster.emulator_store import ResourceType, new_timestamp
-from driver.cluster.emulator_strategy import RESOURCE_TYPES
+from driver.cluster.apiserver.store import ResourceType, new_timestamp
+from driver.cluster.apiserver.strategy import RESOURCE_TYPES
 
 __all__ = ["ControllerManager"]
 

@@ -1,10 +1,11 @@
 """A kubelet simulator: the kubelet's side of plugin registration and DRA calls, over real sockets.
 
 A test double for tests and the demo (no kubelet runs here). It does what the kubelet's plugin
-manager does (kubelet-protocol.md section 2): find the registration socket in the registry
-directory, ``GetInfo`` with a 1 s timeout, pick the DRA service version as the given kubelet
-version would, ``NotifyRegistrationStatus``; then ``prepare``/``unprepare`` with the kubelet's 45 s
-deadline on the chosen version, and ``watch_health`` on the v1alpha1 stream.
+manager does (kubernetes ``pkg/kubelet/pluginmanager/`` and ``pkg/kubelet/cm/dra/plugin/``): find
+the registration socket in the registry directory, ``GetInfo`` with a 1 s timeout, pick the DRA
+service version as the given kubelet version would, ``NotifyRegistrationStatus``; then
+``prepare``/``unprepare`` with the kubelet's 45 s deadline on the chosen version, and
+``watch_health`` on the v1alpha1 stream.
 
     kubelet = KubeletSimulator(registry_dir, kubelet_version="1.35")
     kubelet.register()

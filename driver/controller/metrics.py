@@ -20,7 +20,7 @@ from prometheus_client import (
 from prometheus_client.core import GaugeHistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from driver.controller.fragmentation import (
+from driver.controller.sizing.fragmentation import (
     Fragmentation,
     build_gpu_capacities,
     compute_fragmentation,
@@ -179,7 +179,7 @@ class ControllerMetrics:
         *,
         now: float,
     ) -> Fragmentation:
-        """Fragmentation of the cluster (``driver.controller.fragmentation``); ``now`` is a
+        """Fragmentation of the cluster (``driver.controller.sizing.fragmentation``); ``now`` is a
         monotonic clock reading, for how long each gang has waited since first seen waiting."""
         waiting = set(waiting_gangs)
         with self._fragmentation_lock:

@@ -17,11 +17,10 @@ from typing import Any, Protocol, cast
 from kubernetes import client
 
 from driver.allocator import AllocationError, allocate
-from driver.cluster.emulator_store import new_timestamp
+from driver.cluster.apiserver.store import new_timestamp
 from driver.cluster.kubelet import pod_status
-from driver.demo.objects import as_dict
 from driver.errors import ConflictError, NotFoundError
-from driver.kube import REQUEST_TIMEOUT_SECONDS, api_errors, new_api_client
+from driver.kube import REQUEST_TIMEOUT_SECONDS, api_errors, as_dict, new_api_client
 
 __all__ = ["BoundPod", "PodBinder", "container_cdi_devices"]
 

@@ -82,7 +82,7 @@ class FakeCluster:
 
     # ---- lifecycle -------------------------------------------------------------------------
     def start_api(self, *, write_delay_ms: int = 0) -> client.Configuration:
-        from driver.cluster.emulator import APIServer
+        from driver.cluster.apiserver import APIServer
 
         self.api_server = APIServer(host="127.0.0.1", port=0, write_delay_ms=write_delay_ms)
         self.api_server.start()

@@ -10,7 +10,6 @@ __all__ = [
     "GATE",
     "GANG_LABEL",
     "GANG_SIZE_ANNOTATION",
-    "as_dict",
     "build_claim",
     "build_device_classes",
     "build_node",
@@ -25,19 +24,6 @@ GATE = "fractional.dev/allocation"
 GANG_LABEL = "fractional.dev/gang"
 GANG_SIZE_ANNOTATION = "fractional.dev/gang-size"
 PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
-
-_SERIALIZER: Any = None
-
-
-def as_dict(obj: Any) -> dict[str, Any]:
-    """A client model as the API serves it (camelCase dict); the client's own serializer is untyped."""
-    global _SERIALIZER
-    if _SERIALIZER is None:
-        from kubernetes import client
-
-        _SERIALIZER = client.ApiClient()
-    result: dict[str, Any] = _SERIALIZER.sanitize_for_serialization(obj)
-    return result
 
 
 def build_node(name: str, *, profile: str, zone: str) -> dict[str, Any]:
@@ -139,7 +125,7 @@ def build_pod(
     }
 
 
-SCHEDULING_API = "scheduling.k8s.io/v1beta1"  # the 1.37 shapes (reference/gangs.md)
+SCHEDULING_API = "scheduling.k8s.io/v1beta1"  # the 1.37 shapes (k8s.io/api scheduling/v1beta1/types.go)
 
 
 def build_workload(name: str, namespace: str, template: str, min_count: int) -> dict[str, Any]:

@@ -10,9 +10,9 @@ from typing import Any, Protocol, cast
 
 from kubernetes import client
 
-from driver.demo.objects import as_dict, build_claim, build_pod, gpu_request
-from driver.demo.report import GPUUsage, compute_gpu_usage
-from driver.kube import REQUEST_TIMEOUT_SECONDS
+from driver.demo.objects import build_claim, build_pod, gpu_request
+from driver.gpu_usage import GPUUsage, compute_gpu_usage
+from driver.kube import REQUEST_TIMEOUT_SECONDS, as_dict
 
 __all__ = ["run_preemption_scene"]
 

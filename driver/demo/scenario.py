@@ -20,7 +20,6 @@ from driver.config import DemoConfig
 from driver.demo.binder import PodBinder
 from driver.demo.cluster import DemoNode, FakeCluster, wait_until
 from driver.demo.objects import (
-    as_dict,
     build_claim,
     build_pod,
     build_pod_group,
@@ -29,13 +28,9 @@ from driver.demo.objects import (
     nic_request,
 )
 from driver.demo.preemption_scene import run_preemption_scene
-from driver.demo.report import (
-    compute_gpu_usage,
-    render_scrape_excerpt,
-    render_usage_table,
-    write_packing_png,
-)
-from driver.kube import REQUEST_TIMEOUT_SECONDS, new_api_client
+from driver.demo.report import render_scrape_excerpt, write_packing_png
+from driver.gpu_usage import compute_gpu_usage, render_usage_table
+from driver.kube import REQUEST_TIMEOUT_SECONDS, as_dict, new_api_client
 
 __all__ = ["SCENARIOS", "Scenario", "run_demo"]
 

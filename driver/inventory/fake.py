@@ -34,7 +34,7 @@ PROFILE_DIR = Path(driver.__file__).resolve().parent.parent / "fake_devices"
 """Where the shipped profiles live: ``<repo>/fake_devices``."""
 
 MIB = 1024 * 1024
-MIN_USABLE_MEMORY_BYTES = 256 * MIB  # the smallest share (DESIGN.md section 2)
+MIN_USABLE_MEMORY_BYTES = 256 * MIB  # the smallest share (docs/architecture.md: The share model)
 MAX_ATTRIBUTE_STRING = 64  # resource.k8s.io DeviceAttribute.string limit
 
 # ``templates`` is free-form and ignored: a place for YAML anchors that devices merge in (``<<: *h100``).

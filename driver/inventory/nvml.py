@@ -3,7 +3,7 @@
 The module is injectable (``discover_nvml(nvml_module=...)``) so tests run a fake pynvml on
 machines without GPUs. NVML errors become ``InventoryError`` naming the GPU index and the call.
 NVML knows GPUs; sysfs knows the rest (NUMA node, PCIe root, local CPUs, NICs): both are joined
-by PCI bus id. See reference/gpu-sharing.md section 6.
+by PCI bus id. The calls are those of the NVML API reference (https://docs.nvidia.com/deploy/nvml-api/).
 """
 
 from __future__ import annotations

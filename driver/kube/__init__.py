@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from driver.kube.client import REQUEST_TIMEOUT_SECONDS, load_configuration, new_api_client
+from driver.kube.client import REQUEST_TIMEOUT_SECONDS, as_dict, load_configuration, new_api_client
 from driver.kube.errors import api_errors, translate_api_exception
 
 __all__ = [
     "REQUEST_TIMEOUT_SECONDS",
     "api_errors",
+    "as_dict",
     "load_configuration",
     "new_api_client",
     "translate_api_exception",

@@ -17,6 +17,7 @@ from driver.errors import ConfigError
 __all__ = [
     "REQUEST_TIMEOUT_SECONDS",
     "WATCH_TIMEOUT_SECONDS",
+    "as_dict",
     "get_json",
     "load_configuration",
     "new_api_client",
@@ -24,6 +25,17 @@ __all__ = [
 
 REQUEST_TIMEOUT_SECONDS = 10.0
 WATCH_TIMEOUT_SECONDS = 60
+
+_SERIALIZER: Any = None
+
+
+def as_dict(obj: Any) -> dict[str, Any]:
+    """A client model as the API serves it (camelCase dict); the client's own serializer is untyped."""
+    global _SERIALIZER
+    if _SERIALIZER is None:
+        _SERIALIZER = client.ApiClient()
+    result: dict[str, Any] = _SERIALIZER.sanitize_for_serialization(obj)
+    return result
 
 
 def load_configuration(kubeconfig: str | None) -> client.Configuration:

@@ -1,12 +1,13 @@
 """Every CDI name, and the one renderer and writer of CDI spec files.
 
-Layout (DESIGN.md section 1): vendor ``k8s.fractional.dev``, classes ``gpu`` and ``nic``; one
+Layout (docs/architecture.md: Names): vendor ``k8s.fractional.dev``, classes ``gpu`` and ``nic``; one
 transient spec file per claim **and class**, ``<cdi-root>/k8s.fractional.dev-<class>_<claimUID>.json``.
 A claim with GPUs and NICs therefore gets two files (kinds ``k8s.fractional.dev/gpu`` and
-``.../nic``): the kind names the class, and each file keeps DESIGN.md's name. Device names are
-``<claimUID>-<device>[-<first 8 chars of shareID>]``: unique per claim, never reused (runtimes cache
-specs). Files are written atomically (temp file, fsync, rename, fsync of the directory) with the
-minimum ``cdiVersion`` their content needs (kubelet-protocol.md section 6).
+``.../nic``): the kind names the class, and each file keeps the name docs/architecture.md fixes.
+Device names are ``<claimUID>-<device>[-<first 8 chars of shareID>]``: unique per claim, never
+reused (runtimes cache specs). Files are written atomically (temp file, fsync, rename, fsync of the
+directory) with the minimum ``cdiVersion`` their content needs (``MinimumRequiredVersion`` in
+cncf-tags/container-device-interface ``specs-go/version.go``).
 
 Every value that ends up in a file name passes ``check_name_part`` first: a ``/``, ``..``, an
 unexpected character or an over-long value is a per-claim ``ClaimError``, never a path outside

@@ -53,7 +53,8 @@ __all__ = [
     "make_claim_ref",
 ]
 
-MEMORY_STEP_BYTES = 256 * 1024 * 1024  # published memory is rounded down to this (DESIGN.md section 2)
+# published memory is rounded down to this (docs/architecture.md: The share model)
+MEMORY_STEP_BYTES = 256 * 1024 * 1024
 RDMA_CM_NODE = "/dev/infiniband/rdma_cm"
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")

@@ -12,7 +12,7 @@ A DeviceClass or a ResourceClaim may carry, for driver ``fractional.dev``::
 The API server copies both into ``status.allocation.devices.config`` (class entries with
 ``source: FromClass``, claim entries with ``FromClaim``). Decoding is pure and strict: an unknown
 field, a wrong type, an out-of-range value, or a wrong ``apiVersion``/``kind`` is a ``ClaimError``
-naming the full field path (STYLE.md example 3).
+naming the full field path.
 
 Precedence (``resolve_share_configs``): for each allocated result, the configs whose ``requests``
 name its request (``req`` matches ``req`` and every ``req/<sub>``; ``req/sub`` matches only that

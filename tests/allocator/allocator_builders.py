@@ -175,7 +175,7 @@ def allocated_claim(name: str, *results: dict[str, Any]) -> dict[str, Any]:
     return with_allocation(claim(name), {"devices": {"results": list(results)}})
 
 
-# ---------------------------------------------------------------- slices like ours (DESIGN.md section 2)
+# ------------------------------------------------ slices like ours (docs/architecture.md: The share model)
 
 
 def gpu_device(

@@ -1,5 +1,6 @@
 # ruff: noqa: E501 - one scenario per table row reads better than wrapped rows
-"""Conformance scenarios from dra-api.md section 6 (upstream ``allocatortesting``), as table data.
+"""Conformance scenarios from upstream ``structured/internal/allocatortesting/allocator_testing.go``,
+as table data.
 
 Each case: slices, classes, claims, already-allocated claims, node, and the expectation:
 - a list (one entry per claim) of lists of (request, pool, device) or (request, pool, device, consumed);

@@ -1,5 +1,5 @@
-"""allocate_many (DESIGN.md section 4): many independent groups at once, each whole or not at all, in
-input order, a group that does not fit never stopping the others, nothing held afterwards."""
+"""allocate_many (docs/architecture.md: Contracts): many independent groups at once, each whole or not
+at all, in input order, a group that does not fit never stopping the others, nothing held afterwards."""
 
 from __future__ import annotations
 

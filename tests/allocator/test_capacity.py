@@ -1,4 +1,4 @@
-"""Request-policy rounding and policy checks (dra-api.md 4.8), and quantity parsing/formatting."""
+"""Request-policy rounding and policy checks (KEP-5075), and quantity parsing/formatting."""
 
 from __future__ import annotations
 

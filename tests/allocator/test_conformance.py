@@ -1,4 +1,5 @@
-"""Upstream conformance scenarios (dra-api.md section 6): first-fit matches, best-fit agrees."""
+"""Upstream conformance scenarios (``allocatortesting/allocator_testing.go``): first-fit matches,
+best-fit agrees."""
 
 from __future__ import annotations
 

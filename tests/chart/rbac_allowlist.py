@@ -9,7 +9,8 @@ tests/chart/test_rbac.py checks three things against this list:
 Synthetic subresources have no client method: ``resourceclaims/binding`` is authorized on the
 status writes that change ``allocation``/``reservedFor`` (1.36+, DRAResourceClaimGranularStatusAuthorization),
 ``resourceclaims/driver`` with verbs ``associated-node:<verb>`` on writes of ``status.devices``
-(kubelet-protocol.md section 4, dra-api.md section 2). Their "use" is the status write itself.
+(status.devices: KEP-4817; the verbs: kubernetes PR #134947, constants in
+``k8s.io/api/resource/v1/types.go``). Their "use" is the status write itself.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ GRANTS: tuple[Grant, ...] = (
         ("list", "create", "update", "delete"),
         "the publisher keeps the node's pool equal to the inventory: lists its slices (periodic "
         "resync, no watch), creates, replaces with the resourceVersion (generation bumps), deletes "
-        "obsolete ones with preconditions (driver/publisher.py, kubelet-protocol.md section 5); the "
+        "obsolete ones with preconditions (driver/publisher.py, as upstream's resourceslice controller); the "
         "admission policy keeps it to its own node",
         _PUBLISHER,
     ),
@@ -73,7 +74,7 @@ GRANTS: tuple[Grant, ...] = (
         "resourceclaims",
         ("get",),
         "NodePrepareResources carries only namespace/name/uid: the allocation is read from the claim "
-        "(kubelet-protocol.md section 3)",
+        "(kubelet pkg/apis/dra/v1/api.proto)",
         _PLUGIN,
     ),
     Grant(
@@ -103,8 +104,8 @@ GRANTS: tuple[Grant, ...] = (
         "",
         "nodes",
         ("get",),
-        "the Node owner reference of each ResourceSlice needs the node's UID (kubelet-protocol.md "
-        "section 5); cluster-wide: resourceNames cannot differ per node and admission never sees "
+        "the Node owner reference of each ResourceSlice needs the node's UID (as upstream kubeletplugin's "
+        "PublishResources); cluster-wide: resourceNames cannot differ per node and admission never sees "
         "reads (docs/install.md, Admission policies)",
         _PUBLISHER,
     ),
@@ -115,7 +116,7 @@ GRANTS: tuple[Grant, ...] = (
         "resource.k8s.io",
         "resourceslices",
         ("list", "watch"),
-        "the allocator's inventory: list + watch of every slice (driver/controller/watch.py)",
+        "the allocator's inventory: list + watch of every slice (driver/controller/view/watch.py)",
         CONTROLLER_CODE,
     ),
     Grant(
@@ -124,7 +125,7 @@ GRANTS: tuple[Grant, ...] = (
         "resource.k8s.io",
         "deviceclasses",
         ("list", "watch"),
-        "claims name a DeviceClass whose selectors the allocator applies (driver/controller/watch.py)",
+        "claims name a DeviceClass whose selectors the allocator applies (driver/controller/view/watch.py)",
         CONTROLLER_CODE,
     ),
     Grant(
@@ -134,7 +135,7 @@ GRANTS: tuple[Grant, ...] = (
         "resourceclaims",
         ("get", "list", "watch", "update"),
         "claims of gated pods; get re-reads before a write; update adds/removes the finalizer "
-        "fractional.dev/allocation (driver/controller/writer.py), and the controller-claims "
+        "fractional.dev/allocation (driver/controller/writes/writer.py), and the controller-claims "
         "admission policy denies any other change",
         CONTROLLER_CODE,
     ),
@@ -144,7 +145,7 @@ GRANTS: tuple[Grant, ...] = (
         "resource.k8s.io",
         "resourceclaims/status",
         ("update",),
-        "writes status.allocation with the claim's resourceVersion (driver/controller/writer.py); "
+        "writes status.allocation with the claim's resourceVersion (driver/controller/writes/writer.py); "
         "the controller-claims admission policy allows only setting or clearing it",
         CONTROLLER_CODE,
     ),
@@ -164,7 +165,7 @@ GRANTS: tuple[Grant, ...] = (
         "pods",
         ("get", "list", "watch", "patch"),
         "gated pods: watch them, re-read, remove the scheduling gate with a merge patch carrying the "
-        "resourceVersion, patch the scale-up-hint annotation (driver/controller/writer.py); the "
+        "resourceVersion, patch the scale-up-hint annotation (driver/controller/writes/writer.py); the "
         "controller-pods admission policy denies every other change to a pod",
         CONTROLLER_CODE,
     ),
@@ -175,7 +176,8 @@ GRANTS: tuple[Grant, ...] = (
         "pods/eviction",
         ("create",),
         "priority preemption evicts the chosen lower-priority pods through the Eviction API, so the "
-        "server enforces their PodDisruptionBudgets; a dry run first (driver/controller/preempting.py)",
+        "server enforces their PodDisruptionBudgets; a dry run first "
+        "(driver/controller/preemption/preemptor.py)",
         CONTROLLER_CODE,
     ),
     Grant(
@@ -185,7 +187,7 @@ GRANTS: tuple[Grant, ...] = (
         "pods/status",
         ("patch",),
         "priority preemption, as kube-scheduler: the DisruptionTarget condition on each victim and "
-        "status.nominatedNodeName on the preemptor's pods (driver/controller/preempting.py); the "
+        "status.nominatedNodeName on the preemptor's pods (driver/controller/preemption/preemptor.py); the "
         "controller-pod-status admission policy denies every other status change",
         CONTROLLER_CODE,
     ),
@@ -196,7 +198,7 @@ GRANTS: tuple[Grant, ...] = (
         "poddisruptionbudgets",
         ("list",),
         "priority preemption avoids victims whose budgets allow no disruption, as kube-scheduler "
-        "does (driver/controller/preempting.py)",
+        "does (driver/controller/preemption/preemptor.py)",
         CONTROLLER_CODE,
     ),
     Grant(
@@ -205,7 +207,7 @@ GRANTS: tuple[Grant, ...] = (
         "",
         "nodes",
         ("list", "watch"),
-        "node allocatable and topology labels for the node-fit check (driver/controller/watch.py)",
+        "node allocatable and topology labels for the node-fit check (driver/controller/view/watch.py)",
         CONTROLLER_CODE,
     ),
     Grant(
@@ -215,7 +217,7 @@ GRANTS: tuple[Grant, ...] = (
         "events",
         ("create",),
         "one GangUnschedulable Event per gang that does not fit, again only when its message "
-        "changes (driver/controller/events.py)",
+        "changes (driver/controller/writes/events.py)",
         CONTROLLER_CODE,
     ),
     Grant(
@@ -224,7 +226,7 @@ GRANTS: tuple[Grant, ...] = (
         "coordination.k8s.io",
         "leases",
         ("create",),
-        "leader election creates its Lease once (driver/controller/elector.py); create cannot be "
+        "leader election creates its Lease once (driver/controller/loop/elector.py); create cannot be "
         "restricted by name",
         CONTROLLER_CODE,
     ),
@@ -234,7 +236,7 @@ GRANTS: tuple[Grant, ...] = (
         "coordination.k8s.io",
         "leases",
         ("get", "update"),
-        "leader election reads and renews its own Lease only (driver/controller/elector.py)",
+        "leader election reads and renews its own Lease only (driver/controller/loop/elector.py)",
         CONTROLLER_CODE,
         resource_names=("fractional-dra-controller",),
     ),
@@ -247,7 +249,7 @@ GANG_OBJECTS: tuple[Grant, ...] = tuple(
         group,
         resource,
         ("list", "watch"),
-        f"gangs (issue 13): {why}, watched at the version discovery finds (driver/controller/watch.py, "
+        f"gangs (issue 13): {why}, watched at the version discovery finds (driver/controller/view/watch.py, "
         "gang_api.py)",
         CONTROLLER_CODE,
     )
@@ -269,7 +271,7 @@ PROVISIONING_REQUESTS: tuple[Grant, ...] = (
         "provisioningrequests",
         ("create",),
         "--provisioning-requests: one ProvisioningRequest per unschedulable gang; an existing one "
-        "(409) stands, its spec is immutable (driver/controller/events.py)",
+        "(409) stands, its spec is immutable (driver/controller/writes/events.py)",
         CONTROLLER_CODE,
     ),
     Grant(
@@ -279,19 +281,19 @@ PROVISIONING_REQUESTS: tuple[Grant, ...] = (
         "podtemplates",
         ("create",),
         "the ProvisioningRequest's podSets reference PodTemplates made from the gang's pods "
-        "(driver/controller/events.py)",
+        "(driver/controller/writes/events.py)",
         CONTROLLER_CODE,
     ),
 )
 
-_KUEUE_CHECK = ("driver/controller/kueue_worker.py", "driver/controller/kueue_watch.py")
+_KUEUE_CHECK = ("driver/controller/kueue/worker.py", "driver/controller/kueue/watch.py")
 
 # Only with controller.kueueAdmissionCheck.enabled=true (issue 14, docs/kueue.md).
 KUEUE_ADMISSION_CHECK: tuple[Grant, ...] = (
     Grant(
         "controller", "cluster", "kueue.x-k8s.io", "workloads", ("list", "watch"),
         "the admission check reads Workloads whose check is Pending or Ready "
-        "(driver/controller/kueue_worker.py, kueue_watch.py)",
+        "(driver/controller/kueue/worker.py, kueue_watch.py)",
         _KUEUE_CHECK,
     ),
     Grant(

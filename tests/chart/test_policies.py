@@ -20,10 +20,10 @@ from admission_support import Decision, admission_request, apply_merge_patch, ev
 from chart_support import KUBE_VERSIONS, NAMESPACE, RELEASE, render_chart, validate_strict
 from kubernetes import client
 
-from driver.controller import writer as writer_module
-from driver.controller.events import PROVISIONING_ANNOTATION, PROVISIONING_CLASS_ANNOTATION
-from driver.controller.objects import FINALIZER, GATE, HINT_ANNOTATION
-from driver.controller.writer import ApiWriter
+from driver.controller.model.objects import FINALIZER, GATE, HINT_ANNOTATION
+from driver.controller.writes import writer as writer_module
+from driver.controller.writes.events import PROVISIONING_ANNOTATION, PROVISIONING_CLASS_ANNOTATION
+from driver.controller.writes.writer import ApiWriter
 from driver.plugin.status import merge_device_statuses, without_driver_statuses
 
 Obj = dict[str, Any]
@@ -744,7 +744,7 @@ STATUS_FORBIDDEN: dict[str, tuple[Callable[[Obj], None], str]] = {
 def test_controller_pod_status_writes_of_preemption_allowed(
     rendered: dict[str, Obj], accounts: dict[str, str]
 ) -> None:
-    from driver.controller.preempting import build_disruption_condition
+    from driver.controller.preemption.preemptor import build_disruption_condition
 
     policy = _policy(rendered, "-controller-pod-status")
     user = service_account_user(NAMESPACE, accounts["controller"])

@@ -154,7 +154,7 @@ CUSTOM_PLURALS = {
 # Custom-object calls whose group, version and plural are discovered at run time (issue 13: the
 # served gang API): file -> the (group, plural) pairs it may list and watch.
 DISCOVERED_CUSTOM = {
-    "driver/controller/watch.py": (
+    "driver/controller/view/watch.py": (
         ("scheduling.k8s.io", "workloads"),
         ("scheduling.k8s.io", "podgroups"),
         ("scheduling.x-k8s.io", "podgroups"),

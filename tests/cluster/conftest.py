@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from driver.cluster.emulator import APIServer
+from driver.cluster.apiserver import APIServer
 
 
 @pytest.fixture

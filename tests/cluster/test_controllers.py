@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from driver.cluster.apiserver import APIServer
 from driver.cluster.controllers import ControllerManager
-from driver.cluster.emulator import APIServer
 
 WAIT_SECONDS = 30.0
 

@@ -16,8 +16,8 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from driver.cluster.emulator import APIServer
-from driver.cluster.emulator_crd_schema import python_pattern
+from driver.cluster.apiserver import APIServer
+from driver.cluster.apiserver.crd_schema import python_pattern
 from tests.kueue_support import GROUP, VERSION, install_kueue_crds
 
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from driver.cluster.emulator import APIServer
+from driver.cluster.apiserver import APIServer
 from tests.cluster.conftest import claim_body, pod_body, slice_body
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from kubernetes import client, config
 
-from driver.cluster.emulator import APIServer
+from driver.cluster.apiserver import APIServer
 from tests.cluster.conftest import claim_body, create_namespaces, pod_body, slice_body
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from driver.cluster.emulator import APIServer
-from driver.controller.gang_api import discover_gang_api
+from driver.cluster.apiserver import APIServer
+from driver.controller.gangs.api import discover_gang_api
 
 GROUP = "scheduling.k8s.io"
 

@@ -9,7 +9,7 @@ import jsonschema
 import pytest
 from referencing import Registry, Resource
 
-from driver.cluster.emulator_schema import SCHEMA_VERSION, SchemaViolation, schema_check, schema_document
+from driver.cluster.apiserver.schema import SCHEMA_VERSION, SchemaViolation, schema_check, schema_document
 from tests.cluster.conftest import claim_body, pod_body, slice_body
 
 

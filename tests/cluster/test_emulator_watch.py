@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from kubernetes import client, watch
 
-from driver.cluster.emulator import APIServer
+from driver.cluster.apiserver import APIServer
 from tests.cluster.conftest import create_namespaces, slice_body
 
 DEADLINE_SECONDS = 10.0

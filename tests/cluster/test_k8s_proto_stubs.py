@@ -6,15 +6,15 @@ from pathlib import Path
 
 import pytest
 
-from driver.cluster.emulator_protobuf import decode_protobuf
-from driver.cluster.emulator_store import StatusError
-from driver.cluster.proto_gen import (
+from driver.cluster.apiserver.proto_gen import (
     k8s_io_api_core_v1_pb2,
     k8s_io_apimachinery_pkg_runtime_pb2,
 )
+from driver.cluster.apiserver.protobuf import decode_protobuf
+from driver.cluster.apiserver.store import StatusError
 from tests.proto_stubs_support import REPO_ROOT, assert_stubs_current
 
-COMMITTED = REPO_ROOT / "driver" / "cluster" / "proto_gen"
+COMMITTED = REPO_ROOT / "driver" / "cluster" / "apiserver" / "proto_gen"
 
 
 def test_committed_stubs_match_a_fresh_generation(tmp_path: Path) -> None:
@@ -22,7 +22,7 @@ def test_committed_stubs_match_a_fresh_generation(tmp_path: Path) -> None:
         "gen_k8s_proto",
         COMMITTED,
         tmp_path,
-        hint="run hack/gen_k8s_proto.py and commit driver/cluster/proto_gen",
+        hint="run hack/gen_k8s_proto.py and commit driver/cluster/apiserver/proto_gen",
     )
 
 

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
-from driver.cluster.emulator import APIServer
+from driver.cluster.apiserver import APIServer
 from driver.demo.binder import PodBinder
 from driver.demo.cluster import FakeCluster
 

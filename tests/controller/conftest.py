@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from driver.cluster.emulator import APIServer
+from driver.cluster.apiserver import APIServer
 from driver.config import ControllerConfig
 from driver.controller import FINALIZER, GANG_LABEL, GANG_SIZE_ANNOTATION, GATE
-from driver.controller.run import run_controller
-from driver.controller.writer import WriteHook
+from driver.controller.loop.run import run_controller
+from driver.controller.writes.writer import WriteHook
 from driver.inventory.fake import load_profile, resolve_profile
 from driver.slices import build_device_classes, build_resource_slices
 

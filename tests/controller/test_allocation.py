@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from driver.controller import FINALIZER, HINT_ANNOTATION
-from driver.controller.objects import allocation_node
+from driver.controller.model.objects import allocation_node
 from tests.controller.conftest import Cluster, RunningController, gated_pod, gpu_claim, wait_for
 
 

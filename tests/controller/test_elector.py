@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from driver.cluster.emulator import APIServer
+from driver.cluster.apiserver import APIServer
 from driver.config import ControllerConfig
-from driver.controller.elector import LeaderElector
-from driver.controller.run import run_controller
-from driver.controller.writer import ApiWriter, HaltWrites
+from driver.controller.loop.elector import LeaderElector
+from driver.controller.loop.run import run_controller
+from driver.controller.writes.writer import ApiWriter, HaltWrites
 from driver.errors import ConfigError
 
 

@@ -7,14 +7,14 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from driver import DRIVER_NAME
-from driver.controller.fragmentation import (
+from driver.controller.metrics import ControllerMetrics
+from driver.controller.sizing.fragmentation import (
     GpuCapacity,
     LargestShare,
     build_gpu_capacities,
     compute_fragmentation,
     products_from_slices,
 )
-from driver.controller.metrics import ControllerMetrics
 
 GIB = 1024**3
 

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 import pytest
 
 from driver.controller import FINALIZER, Controller, HaltWrites, ReconcilerSettings, WriteRecord
-from driver.controller.cache import Kind
-from driver.controller.objects import is_deleting
+from driver.controller.model.objects import is_deleting
+from driver.controller.view.cache import Kind
 from tests.controller.conftest import NAMESPACE, Cluster, gated_pod, gpu_claim, wait_for
 
 GANG = 4

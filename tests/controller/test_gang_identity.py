@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from driver.controller.gang_api import choose_gang_api
-from driver.controller.gang_identity import (
+from driver.controller.gangs.api import choose_gang_api
+from driver.controller.model.gang_identity import (
     ALL_SOURCES,
     GangSource,
     default_sources,
@@ -18,7 +18,7 @@ from driver.controller.gang_identity import (
     podgroup_claim,
     resolve,
 )
-from driver.controller.objects import ClaimRef
+from driver.controller.model.objects import ClaimRef
 from driver.errors import ConfigError
 
 

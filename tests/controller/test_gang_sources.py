@@ -16,8 +16,8 @@ import pytest
 from kubernetes import client
 
 from driver.allocator import allocate
-from driver.cluster.emulator import APIServer
-from driver.controller.objects import allocation_node
+from driver.cluster.apiserver import APIServer
+from driver.controller.model.objects import allocation_node
 from driver.inventory.fake import load_profile
 from driver.slices import build_device_classes, build_resource_slices
 from tests.controller.conftest import NAMESPACE, Cluster, RunningController, gated_pod, gpu_claim, wait_for
@@ -445,10 +445,10 @@ def test_a_basic_policy_places_pod_by_pod(
 def test_discovery_follows_what_the_server_serves(cluster: Cluster) -> None:
     """A CRD installed later: the next refresh watches it, turns its source on (auto), and says so
     in the metric."""
-    from driver.controller.cache import ClusterCache
-    from driver.controller.gang_identity import GangSource
-    from driver.controller.gang_watch import GangWatches
+    from driver.controller.gangs.watch import GangWatches
     from driver.controller.metrics import ControllerMetrics
+    from driver.controller.model.gang_identity import GangSource
+    from driver.controller.view.cache import ClusterCache
 
     cache = ClusterCache(topology_label="topology.kubernetes.io/zone")
     metrics, stop, queued = ControllerMetrics(), threading.Event(), []

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kubernetes import client
 
-from driver.controller.decode import MAX_OBJECT_DEPTH, decode_json
+from driver.controller.model.decode import MAX_OBJECT_DEPTH, decode_json
 from tests.controller.conftest import NAMESPACE, Cluster, RunningController, gated_pod, gpu_claim, wait_for
 
 
@@ -226,7 +226,7 @@ def test_hostile_claims_never_stop_the_good_ones(
     rejected = {(e["involvedObject"]["kind"]) for e in cluster.events() if e["reason"] == "ObjectRejected"}
     assert rejected == {"Pod", "ResourceClaim"}  # deep ones of both kinds were among them
     watch_failures = [
-        r for r in caplog.records if r.name == "driver.controller.watch" and r.levelno >= logging.ERROR
+        r for r in caplog.records if r.name == "driver.controller.view.watch" and r.levelno >= logging.ERROR
     ]
     assert watch_failures == []  # no stream failed on any of them (each would re-list for everyone)
     longest = max(len(r.getMessage()) + len(str(r.__dict__)) for r in caplog.records)

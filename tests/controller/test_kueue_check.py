@@ -17,12 +17,12 @@ import pytest
 from kubernetes import client
 
 from driver.allocator import allocate
+from driver.cluster.apiserver import APIServer
 from driver.cluster.controllers import ControllerManager
-from driver.cluster.emulator import APIServer
-from driver.controller.kueue import CONTROLLER_NAME, POD_SET_ANNOTATION, RESERVATION_ANNOTATION
-from driver.controller.kueue_watch import WorkloadWatch
-from driver.controller.kueue_worker import KueueAdmissionCheck, KueueCheckSettings
-from driver.controller.objects import GANG_SIZE_ANNOTATION, GATE
+from driver.controller.kueue.check import CONTROLLER_NAME, POD_SET_ANNOTATION, RESERVATION_ANNOTATION
+from driver.controller.kueue.watch import WorkloadWatch
+from driver.controller.kueue.worker import KueueAdmissionCheck, KueueCheckSettings
+from driver.controller.model.objects import GANG_SIZE_ANNOTATION, GATE
 from driver.inventory.fake import load_profile, resolve_profile
 from driver.slices import build_device_classes, build_resource_slices
 from tests.controller.conftest import wait_for
@@ -385,7 +385,7 @@ def test_reservation_that_drifts_goes_back_to_retry(cluster: Cluster) -> None:
 
 
 def test_message_timestamps_are_utc() -> None:
-    from driver.controller.kueue import build_check_status
+    from driver.controller.kueue.check import build_check_status
 
     workload = {
         "status": {

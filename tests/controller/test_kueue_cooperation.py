@@ -10,8 +10,12 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from driver.controller.kueue import CONTROLLER_NAME, KUEUE_PROVISIONING_ANNOTATION, RESERVATION_ANNOTATION
-from driver.controller.objects import GATE, HINT_ANNOTATION
+from driver.controller.kueue.check import (
+    CONTROLLER_NAME,
+    KUEUE_PROVISIONING_ANNOTATION,
+    RESERVATION_ANNOTATION,
+)
+from driver.controller.model.objects import GATE, HINT_ANNOTATION
 from tests.controller.conftest import Cluster, RunningController, gated_pod, gpu_claim, wait_for
 from tests.kueue_support import install_kueue_crds
 

@@ -14,8 +14,8 @@ import pytest
 import yaml
 from kubernetes import client
 
-from driver.cluster.emulator import APIServer
-from driver.controller.kueue_quota import (
+from driver.cluster.apiserver import APIServer
+from driver.controller.kueue.quota import (
     GPU_MEMORY_RESOURCE,
     NIC_RESOURCE,
     compute_claim_charges,

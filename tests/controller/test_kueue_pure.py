@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from driver.controller.kueue import (
+from driver.controller.kueue.check import (
     RESERVATION_ANNOTATION,
     Reservation,
     build_pod_set_updates,
@@ -19,7 +19,7 @@ from driver.controller.kueue import (
     reservation_problem,
     reservation_wait_reason,
 )
-from driver.controller.objects import GANG_SIZE_ANNOTATION, GATE
+from driver.controller.model.objects import GANG_SIZE_ANNOTATION, GATE
 from driver.inventory.fake import load_profile, resolve_profile
 from driver.slices import build_device_classes, build_resource_slices
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from driver.controller.kueue_quota import (
+from driver.controller.kueue.quota import (
     GPU_MEMORY_RESOURCE,
     NIC_RESOURCE,
     CapacitySource,
@@ -19,7 +19,7 @@ from driver.controller.kueue_quota import (
     kueue_refusals,
     round_by_policy,
 )
-from driver.controller.objects import quantity
+from driver.controller.model.objects import quantity
 from driver.inventory.fake import load_profile, resolve_profile
 from driver.slices import build_device_classes, build_resource_slices
 

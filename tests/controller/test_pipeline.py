@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from driver.cluster.emulator import APIServer
+from driver.cluster.apiserver import APIServer
 from driver.controller import Controller, ReconcilerSettings, WriteRecord
 from tests.controller.conftest import Cluster, gated_pod, gpu_claim, wait_for
 

@@ -9,7 +9,7 @@ import pytest
 
 from driver.cli import main
 from driver.config import PlanConfig
-from driver.controller.plan import run_plan
+from driver.controller.diagnosis.plan import run_plan
 from driver.errors import ConfigError
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "plan" / "claims.yaml"

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from driver.config import PlanConfig
-from driver.controller.plan import run_plan
+from driver.controller.diagnosis.plan import run_plan
 from driver.errors import ConfigError
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "gangs" / "workload-podgroup.yaml"

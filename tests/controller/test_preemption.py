@@ -268,10 +268,10 @@ def test_the_freed_devices_are_not_taken_by_a_lower_priority_pod_in_between(
 def test_a_preemptor_that_failed_backs_off() -> None:
     """After a failure no attempt at all until the backoff passes, and each failure doubles the
     wait. The server here is unreachable, so every attempt fails (reading the budgets) and counts."""
-    from driver.controller.cache import ClusterCache
-    from driver.controller.gangs import GangPlan
-    from driver.controller.objects import GangKey
-    from driver.controller.preempting import Preemptor
+    from driver.controller.gangs.plan import GangPlan
+    from driver.controller.model.objects import GangKey
+    from driver.controller.preemption.preemptor import Preemptor
+    from driver.controller.view.cache import ClusterCache
 
     now = [100.0]
     unreachable = client.Configuration()

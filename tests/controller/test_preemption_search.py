@@ -1,4 +1,4 @@
-"""The victim search (driver/controller/preemption.py) over the real allocator: which running
+"""The victim search (driver/controller/preemption/victims.py) over the real allocator: which running
 lower-priority pods a gang evicts, by the issue's cost order, with gangs whole and budgets heeded."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from driver.allocator import ClusterState
-from driver.controller.objects import GANG_LABEL, object_key
-from driver.controller.preemption import (
+from driver.controller.model.objects import GANG_LABEL, object_key
+from driver.controller.preemption.victims import (
     Budget,
     Placement,
     VictimUnit,

@@ -6,10 +6,11 @@ from typing import Any
 
 import pytest
 
-from driver.controller.explain import describe_demand, format_bytes
+from driver.controller.diagnosis.explain import describe_demand, format_bytes
+from driver.controller.gangs.nodefit import node_rejection
+from driver.controller.loop.workqueue import WorkQueue
 from driver.controller.metrics import compute_fragmented_bytes
-from driver.controller.nodefit import node_rejection
-from driver.controller.objects import (
+from driver.controller.model.objects import (
     Resources,
     allocation_node,
     gang_key_of,
@@ -18,7 +19,6 @@ from driver.controller.objects import (
     pod_requests,
     resource_version_is_older,
 )
-from driver.controller.workqueue import WorkQueue
 from tests.controller.conftest import gpu_claim
 
 GI = 1024**3

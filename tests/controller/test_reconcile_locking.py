@@ -5,11 +5,11 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from driver.controller.cache import ClusterCache, Kind
+from driver.controller.loop.reconcile import Reconciler, ReconcilerSettings
 from driver.controller.metrics import ControllerMetrics
-from driver.controller.objects import GangKey, gang_key_of
-from driver.controller.pipeline import Job, Writers
-from driver.controller.reconcile import Reconciler, ReconcilerSettings
+from driver.controller.model.objects import GangKey, gang_key_of
+from driver.controller.view.cache import ClusterCache, Kind
+from driver.controller.writes.pipeline import Job, Writers
 from tests.controller.conftest import gated_pod, gpu_claim
 
 

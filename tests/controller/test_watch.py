@@ -7,9 +7,9 @@ from typing import Any
 
 from kubernetes import client
 
-from driver.cluster.emulator import APIServer
-from driver.controller.cache import ClusterCache, Kind
-from driver.controller.watch import Watcher
+from driver.cluster.apiserver import APIServer
+from driver.controller.view.cache import ClusterCache, Kind
+from driver.controller.view.watch import Watcher
 from tests.controller.conftest import wait_for
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from driver.demo.report import compute_gpu_usage, render_scrape_excerpt, render_usage_table, write_packing_png
+from driver.demo.report import render_scrape_excerpt, write_packing_png
+from driver.gpu_usage import compute_gpu_usage, render_usage_table
 from driver.inventory.discover import discover_inventory
 from driver.slices import build_resource_slices
 

@@ -1,4 +1,4 @@
-"""A fake pynvml module for the sharing and health tests (mock only NVML, STYLE.md "Tests").
+"""A fake pynvml module for the sharing and health tests (only NVML is mocked).
 
 ``FakeNVML(["GPU-a", "GPU-b"])`` behaves like the parts of ``pynvml`` the node agent uses for
 compute modes and health events, with the same names, constants and error class (an

@@ -104,7 +104,7 @@ def raw_claims(kube_configuration: client.Configuration) -> RawClaims:
 def deep_json_stored() -> bool:
     """Whether the API emulator stores JSON nested thousands deep, as kube-apiserver does (up to
     10,000 levels). Probed on an emulator of its own: one that cannot drops the connection."""
-    from driver.cluster.emulator import APIServer
+    from driver.cluster.apiserver import APIServer
 
     server = APIServer(host="127.0.0.1", port=0)
     server.start()

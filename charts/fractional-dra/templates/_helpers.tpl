@@ -52,7 +52,7 @@ app.kubernetes.io/component: {{ .component }}
 {{/* Where the profiles ConfigMap is mounted in both pods. */}}
 {{- define "fractional-dra.profilesDir" -}}/etc/fractional-dra/profiles{{- end -}}
 
-{{/* The driver name (DESIGN.md section 1); fixed, also the plugin directory's name. */}}
+{{/* The driver name (docs/architecture.md: Names); fixed, also the plugin directory's name. */}}
 {{- define "fractional-dra.driverName" -}}fractional.dev{{- end -}}
 
 {{/* Real GPUs with NVML through the host driver root (no runtime class). */}}

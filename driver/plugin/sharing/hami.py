@@ -2,7 +2,8 @@
 
 HAMi-core intercepts CUDA and NVML calls in the container's processes and keeps its accounting in
 a shared-memory file (``CUDA_DEVICE_MEMORY_SHARED_CACHE``) that every process of one claim maps,
-so the limit holds across the claim's containers (reference gpu-sharing.md section 3.1). Per share:
+so the limit holds across the claim's containers (Project-HAMi/HAMi-core ``src/multiprocess/``).
+Per share:
 
 - ``CUDA_DEVICE_MEMORY_LIMIT_<ordinal>=<MiB>m``; ``<ordinal>`` is the GPU's position among the
   claim's GPUs (``ShareSpec.ordinal``);

@@ -1,0 +1,347 @@
+"""Server-side apply for the embedded API emulator (a test double): ``PATCH`` with
+``Content-Type: application/apply-patch+yaml`` (``kubectl apply --server-side``), after
+structured-merge-diff, the library kube-apiserver uses, cut to what the served kinds need:
+
+- every manager's fields are a ``FieldsV1`` set in ``metadata.managedFields``
+  (``f:<field>``, ``k:<list-map keys>``, ``v:<set value>``, ``.`` for a list item itself);
+- lists merge as the schema says (``x-kubernetes-list-type``: ``map`` by
+  ``x-kubernetes-list-map-keys``, ``set``, else ``atomic``), maps unless
+  ``x-kubernetes-map-type: atomic``;
+- applying a value another manager owns with a different value is a 409 conflict naming the field
+  and the manager, unless ``force=true``, which takes the field over;
+- fields a manager applied before and no longer applies are removed, unless someone else owns them;
+- writes other than apply that name a ``fieldManager`` record that manager's changed fields
+  (operation ``Update``) and take them from the others.
+
+The schemas are the same official ones the emulator validates with.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+from typing import Any
+
+from driver.cluster.apiserver.schema import schema_document
+from driver.cluster.apiserver.store import ResourceType, StatusError, new_timestamp
+from driver.cluster.apiserver.validation import schema_file
+
+__all__ = ["APPLY_PATCH", "apply_configuration", "parse_apply_body", "record_update"]
+
+APPLY_PATCH = "application/apply-patch+yaml"
+Obj = dict[str, Any]
+Fields = dict[str, Any]  # a FieldsV1 tree
+Path = tuple[str, ...]
+# Set by the server, never owned by a manager (structured-merge-diff strips them).
+_IGNORED_TOP = frozenset({"apiVersion", "kind", "status"})
+_IGNORED_METADATA = frozenset(
+    {
+        "name",
+        "namespace",
+        "uid",
+        "resourceVersion",
+        "generation",
+        "creationTimestamp",
+        "deletionTimestamp",
+        "deletionGracePeriodSeconds",
+        "managedFields",
+        "selfLink",
+        "generateName",
+    }
+)
+
+
+@functools.cache
+def _definitions() -> dict[str, Obj]:
+    definitions: dict[str, Obj] = schema_document("_definitions.json", strict=False)["$defs"]
+    return definitions
+
+
+def _resolve(schema: Any) -> Obj:
+    while isinstance(schema, dict) and "$ref" in schema:
+        extensions = {key: value for key, value in schema.items() if key.startswith("x-kubernetes")}
+        schema = {**_definitions().get(schema["$ref"].rsplit("/", 1)[1], {}), **extensions}
+    return schema if isinstance(schema, dict) else {}
+
+
+def _root_schema(rtype: ResourceType) -> Obj:
+    try:
+        return _resolve(schema_document(schema_file(rtype), strict=False))
+    except FileNotFoundError:
+        return {}
+
+
+def _child(schema: Obj, key: str) -> Obj:
+    properties = schema.get("properties") or {}
+    if key in properties:
+        return _resolve(properties[key])
+    additional = schema.get("additionalProperties")
+    return _resolve(additional) if isinstance(additional, dict) else {}
+
+
+def _item_key(item: Any, keys: list[str]) -> str:
+    return "k:" + json.dumps({key: item.get(key) for key in keys if key in item}, separators=(",", ":"))
+
+
+def _atomic(schema: Obj) -> bool:
+    return schema.get("x-kubernetes-map-type") == "atomic" or (
+        "properties" not in schema and "additionalProperties" not in schema
+    )
+
+
+def fields_of(value: Any, schema: Obj, *, top: bool = False) -> Fields:
+    """The FieldsV1 tree of everything ``value`` sets."""
+    if isinstance(value, dict) and not _atomic(schema):
+        tree: Fields = {}
+        for key, item in value.items():
+            if top and key in _IGNORED_TOP:
+                continue
+            child = _child(schema, key)
+            if top and key == "metadata" and isinstance(item, dict):
+                item = {k: v for k, v in item.items() if k not in _IGNORED_METADATA}
+                if not item:
+                    continue
+            tree[f"f:{key}"] = fields_of(item, child)
+        return tree
+    if isinstance(value, list):
+        list_type = schema.get("x-kubernetes-list-type", "atomic")
+        item_schema = _resolve(schema.get("items"))
+        if list_type == "map":
+            keys = list(schema.get("x-kubernetes-list-map-keys") or [])
+            return {_item_key(item, keys): {".": {}, **fields_of(item, item_schema)} for item in value}
+        if list_type == "set":
+            return {"v:" + json.dumps(item, separators=(",", ":")): {} for item in value}
+    return {}
+
+
+def _flatten(tree: Fields, prefix: Path = ()) -> set[Path]:
+    paths: set[Path] = set()
+    for key, child in tree.items():
+        path = (*prefix, key)
+        if child:
+            paths |= _flatten(child, path)
+        else:
+            paths.add(path)
+    return paths
+
+
+def _unflatten(paths: set[Path]) -> Fields:
+    tree: Fields = {}
+    for path in paths:
+        node = tree
+        for key in path:
+            node = node.setdefault(key, {})
+    return tree
+
+
+def _lookup(obj: Any, path: Path) -> tuple[bool, Any]:
+    """(present, value) at a FieldsV1 path."""
+    for key in path:
+        if key == ".":
+            return True, obj
+        kind, _, rest = key.partition(":")
+        if kind == "f" and isinstance(obj, dict) and rest in obj:
+            obj = obj[rest]
+        elif kind == "k" and isinstance(obj, list):
+            wanted = json.loads(rest)
+            obj = next(
+                (i for i in obj if isinstance(i, dict) and all(i.get(k) == v for k, v in wanted.items())),
+                None,
+            )
+            if obj is None:
+                return False, None
+        elif kind == "v" and isinstance(obj, list):
+            value = json.loads(rest)
+            return (value in obj), value
+        else:
+            return False, None
+    return True, obj
+
+
+def _remove(obj: Any, path: Path) -> None:
+    """Remove the field, list item or set value at ``path`` from ``obj`` (in place)."""
+    if path and path[-1] == ".":
+        path = path[:-1]
+    if not path:
+        return
+    present, parent = _lookup(obj, path[:-1])
+    if not present:
+        return
+    kind, _, rest = path[-1].partition(":")
+    if kind == "f" and isinstance(parent, dict):
+        parent.pop(rest, None)
+    elif kind == "k" and isinstance(parent, list):
+        wanted = json.loads(rest)
+        parent[:] = [
+            i for i in parent if not (isinstance(i, dict) and all(i.get(k) == v for k, v in wanted.items()))
+        ]
+    elif kind == "v" and isinstance(parent, list):
+        value = json.loads(rest)
+        parent[:] = [i for i in parent if i != value]
+
+
+def _merge(live: Any, applied: Any, schema: Obj) -> Any:
+    if isinstance(applied, dict) and isinstance(live, dict) and not _atomic(schema):
+        merged = dict(live)
+        for key, value in applied.items():
+            merged[key] = (
+                _merge(live.get(key), value, _child(schema, key)) if key in live else copy.deepcopy(value)
+            )
+        return merged
+    if isinstance(applied, list) and isinstance(live, list):
+        list_type = schema.get("x-kubernetes-list-type", "atomic")
+        item_schema = _resolve(schema.get("items"))
+        if list_type == "map":
+            keys = list(schema.get("x-kubernetes-list-map-keys") or [])
+            result = list(live)
+            for item in applied:
+                key = _item_key(item, keys)
+                index = next((n for n, old in enumerate(result) if _item_key(old, keys) == key), None)
+                if index is None:
+                    result.append(copy.deepcopy(item))
+                else:
+                    result[index] = _merge(result[index], item, item_schema)
+            return result
+        if list_type == "set":
+            return list(live) + [copy.deepcopy(item) for item in applied if item not in live]
+    return copy.deepcopy(applied)
+
+
+def _path_text(path: Path) -> str:
+    """A field path as structured-merge-diff prints it: ``.spec.containers[name="c"].image``."""
+    text = ""
+    for key in path:
+        kind, _, rest = key.partition(":")
+        if kind == "f":
+            text += f".{rest}"
+        elif kind == "k":
+            text += "[" + ",".join(f"{k}={json.dumps(v)}" for k, v in json.loads(rest).items()) + "]"
+        elif kind == "v":
+            text += f"[={rest}]"
+    return text
+
+
+def _manager_text(entry: Obj) -> str:
+    if entry.get("operation") == "Update":
+        return f'"{entry.get("manager", "")}" using {entry.get("apiVersion", "")}'
+    return f'"{entry.get("manager", "")}"'
+
+
+def _conflict_error(conflicts: list[tuple[Obj, Path]]) -> StatusError:
+    causes = [
+        {
+            "reason": "FieldManagerConflict",
+            "message": f"conflict with {_manager_text(entry)}",
+            "field": _path_text(path),
+        }
+        for entry, path in conflicts
+    ]
+    if len(conflicts) == 1:
+        entry, path = conflicts[0]
+        message = f"Apply failed with 1 conflict: conflict with {_manager_text(entry)}: {_path_text(path)}"
+    else:
+        lines: list[str] = []
+        for manager in sorted({_manager_text(entry) for entry, _ in conflicts}):
+            lines.append(f"conflicts with {manager}:")
+            lines += [f"- {_path_text(path)}" for entry, path in conflicts if _manager_text(entry) == manager]
+        message = f"Apply failed with {len(conflicts)} conflicts: " + "\n".join(lines)
+    return StatusError(code=409, reason="Conflict", message=message, details={"causes": causes})
+
+
+def parse_apply_body(body: Any) -> Obj:
+    """The applied configuration (YAML or JSON; the HTTP layer hands undecodable bodies as text)."""
+    if isinstance(body, dict):
+        return body
+    raise StatusError(code=400, reason="BadRequest", message="the apply patch must be a YAML or JSON object")
+
+
+def _entry(manager: str, operation: str, api_version: str, fields: Fields) -> Obj:
+    return {
+        "manager": manager,
+        "operation": operation,
+        "apiVersion": api_version,
+        "time": new_timestamp(),
+        "fieldsType": "FieldsV1",
+        "fieldsV1": fields,
+    }
+
+
+def apply_configuration(
+    rtype: ResourceType, live: Obj | None, applied: Obj, *, manager: str, force: bool
+) -> Obj:
+    """The object after ``manager`` applies ``applied`` to ``live`` (None: it does not exist yet),
+    with its ``managedFields``; raises 409 on conflicts unless ``force``."""
+    schema = _root_schema(rtype)
+    applied_fields = fields_of(applied, schema, top=True)
+    applied_paths = _flatten(applied_fields)
+    base: Obj = copy.deepcopy(live) if live is not None else {}
+    entries = list((base.get("metadata") or {}).get("managedFields") or [])
+    mine = next((e for e in entries if e.get("manager") == manager and e.get("operation") == "Apply"), None)
+    others = [e for e in entries if e is not mine]
+    conflicts: list[tuple[Obj, Path]] = []
+    kept: list[Obj] = []
+    for entry in others:
+        owned = _flatten(entry.get("fieldsV1") or {})
+        clashing = sorted(
+            path
+            for path in owned & applied_paths
+            if path[-1] != "." and _lookup(base, path) != _lookup(applied, path)
+        )
+        if clashing and not force:
+            conflicts += [(entry, path) for path in clashing]
+        remaining = owned - set(clashing) if force else owned
+        if remaining:
+            kept.append({**entry, "fieldsV1": _unflatten(remaining)})
+    if conflicts:
+        raise _conflict_error(conflicts)
+    if mine is not None:
+        others_paths: set[Path] = set().union(*(_flatten(e.get("fieldsV1") or {}) for e in kept))
+        gone = _flatten(mine.get("fieldsV1") or {}) - applied_paths - others_paths
+        # whole list items first (their "." path), then fields, deepest first
+        for path in sorted(gone, key=lambda p: (p[-1] != ".", -len(p))):
+            _remove(base, path)
+    content = {key: value for key, value in applied.items() if key not in ("apiVersion", "kind", "status")}
+    metadata = {k: v for k, v in (content.pop("metadata", None) or {}).items() if k != "managedFields"}
+    merged: Obj = _merge(base, content, schema)
+    merged["metadata"] = _merge(base.get("metadata") or {}, metadata, _child(schema, "metadata"))
+    entry = _entry(manager, "Apply", rtype.api_version, applied_fields)
+    if (
+        mine is not None
+        and mine.get("fieldsV1") == applied_fields
+        and _without_managed(merged) == _without_managed(live or {})
+    ):
+        entry["time"] = mine.get("time")  # a no-op apply changes nothing, its timestamp included
+    merged["metadata"]["managedFields"] = [*kept, entry]
+    return merged
+
+
+def _without_managed(obj: Obj) -> Obj:
+    return {**obj, "metadata": {k: v for k, v in (obj.get("metadata") or {}).items() if k != "managedFields"}}
+
+
+def record_update(rtype: ResourceType, old: Obj | None, new: Obj, *, manager: str) -> Obj:
+    """``new`` with ``manager`` (operation ``Update``) owning the fields this write changed, taken
+    from the other managers."""
+    schema = _root_schema(rtype)
+    new_paths = _flatten(fields_of(new, schema, top=True))
+    old_paths = _flatten(fields_of(old, schema, top=True)) if old is not None else set()
+    changed = {
+        path for path in new_paths if path not in old_paths or _lookup(old, path) != _lookup(new, path)
+    }
+    if not changed and old is not None:  # nothing of this write's own: the entries stay as they were
+        previous = (old.get("metadata") or {}).get("managedFields")
+        return {**new, "metadata": {**new["metadata"], "managedFields": previous}} if previous else new
+    entries = list(((old or {}).get("metadata") or {}).get("managedFields") or [])
+    mine = next((e for e in entries if e.get("manager") == manager and e.get("operation") == "Update"), None)
+    kept = []
+    for entry in entries:
+        if entry is mine:
+            continue
+        remaining = (_flatten(entry.get("fieldsV1") or {}) - changed) & new_paths
+        if remaining:
+            kept.append({**entry, "fieldsV1": _unflatten(remaining)})
+    owned = ((_flatten(mine.get("fieldsV1") or {}) if mine else set()) | changed) & new_paths
+    if owned:
+        kept.append(_entry(manager, "Update", rtype.api_version, _unflatten(owned)))
+    return {**new, "metadata": {**new["metadata"], "managedFields": kept}} if kept else new

@@ -1,0 +1,85 @@
+"""Ready gangs decided together, in one pass of the decider (``cache.lock`` held; no I/O).
+
+Gangs whose pods are free to go anywhere are placed in one ``allocate_many`` call (a burst packs
+better decided together); the rest, and any gang the burst could not place, are decided one at a
+time afterwards: in its topology's domains (``topology``) or on the whole cluster (``decide``).
+Each allocated decision is assumed into the cache before the next one is made.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from driver.allocator import GroupAllocationError
+from driver.controller.gangs.decide import Decision, Exclusions, assume_decision, decide, node_fit
+from driver.controller.gangs.plan import GangPlan
+from driver.controller.gangs.topology import decide_in_domains
+from driver.controller.view.cache import ClusterCache, Kind
+from driver.errors import AllocationError
+
+__all__ = ["decide_all"]
+
+
+def decide_all(
+    cache: ClusterCache, plans: list[GangPlan], *, policy: str
+) -> list[Decision | AllocationError]:
+    """Decide ready gangs together (the caller holds ``cache.lock``); each allocated decision is
+    assumed before the next is made. Gangs whose pods are not pinned to a node by an earlier
+    allocation are placed in one ``allocate_many`` call (a burst packs better decided together);
+    a gang that did not fit there, or whose pods overflow a node's CPU/memory, is decided again on
+    its own afterwards. One entry per plan, in order: a Decision, or the fatal AllocationError."""
+    results: list[Decision | AllocationError | None] = [None] * len(plans)
+    batch = [
+        i for i, plan in enumerate(plans)
+        if plan.topology_key is None and not any(g.pinned_node or g.conflict for g in plan.groups)
+    ]  # fmt: skip
+    if len(batch) > 1:
+        nodes = {str(n["metadata"]["name"]): n for n in cache.objects(Kind.NODE)}
+        exclusions = Exclusions(cache)
+        while batch:
+            groups, pod_groups, excludes = [], [], []
+            for index in batch:
+                claims: list[dict[str, Any]] = []
+                members: list[list[int]] = []
+                for group in plans[index].groups:
+                    if group.pending_claims:
+                        members.append(list(range(len(claims), len(claims) + len(group.pending_claims))))
+                        claims.extend(group.pending_claims)
+                groups.append(claims)
+                pod_groups.append(members)
+                excludes.append(exclusions.of(plans[index]))
+            try:
+                placed = cache.state.allocate_many(
+                    groups, node=None, policy=policy, pod_groups=pod_groups, exclude_nodes=excludes
+                )
+            except GroupAllocationError as error:
+                results[batch[error.group]] = error.cause
+                del batch[error.group]
+                continue
+            for index, claims, allocations in zip(batch, groups, placed, strict=True):
+                if allocations is None:
+                    continue  # decided on its own below, after the others are counted
+                chosen = list(zip(claims, allocations, strict=True))
+                pod_nodes, misfit, _ = node_fit(cache, plans[index], chosen, nodes)
+                if misfit is None:
+                    decision = Decision(
+                        outcome="allocated", allocations=tuple(chosen), pod_nodes=tuple(pod_nodes)
+                    )
+                    assume_decision(cache, decision)
+                    results[index] = decision
+            break
+    for index, plan in enumerate(plans):
+        if results[index] is not None:
+            continue
+        try:
+            if plan.topology_key is not None:  # one domain at a time
+                decision = decide_in_domains(cache, plan, policy=policy)
+            else:
+                decision = decide(cache, plan, policy=policy)
+        except AllocationError as error:
+            results[index] = error
+            continue
+        if decision.outcome == "allocated":
+            assume_decision(cache, decision)
+        results[index] = decision
+    return [r for r in results if r is not None]

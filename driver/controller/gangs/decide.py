@@ -1,0 +1,211 @@
+"""Choose allocations for a ready gang: one allocator call for all of its pending claims, then a
+node-fit check of each pod's CPU/memory/pod-count requests; a node that fails it is excluded and
+the allocator asked again (bounded). Runs under ``cache.lock``; no I/O.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from driver.controller.gangs.nodefit import node_rejection
+from driver.controller.gangs.plan import GangPlan, PodGroup
+from driver.controller.model.objects import (
+    Resources,
+    allocation_node,
+    node_allocatable,
+    object_key,
+    pod_requests,
+)
+from driver.controller.view.cache import ClusterCache, Kind
+
+__all__ = [
+    "Decision",
+    "Exclusions",
+    "allocate_groups",
+    "assume_decision",
+    "decide",
+    "group_node",
+    "node_fit",
+    "static_exclusions",
+    "tentative_allocations",
+]
+
+MAX_NODE_FIT_ATTEMPTS = 8
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    outcome: str  # allocated | unschedulable
+    allocations: tuple[tuple[dict[str, Any], dict[str, Any]], ...] = ()  # (claim, status.allocation)
+    pod_nodes: tuple[tuple[dict[str, Any], str | None], ...] = ()  # (pod, node it will run on)
+    reason: str = ""
+
+
+@contextmanager
+def tentative_allocations(
+    cache: ClusterCache, pairs: list[tuple[dict[str, Any], dict[str, Any]]]
+) -> Iterator[None]:
+    """Count ``pairs`` as allocated in the allocator state for the duration of the block."""
+    added: list[dict[str, Any]] = []
+    try:
+        for claim, allocation in pairs:
+            assumed = copy.deepcopy(claim)
+            assumed.setdefault("status", {})["allocation"] = allocation
+            added.append(claim)
+            cache.state.upsert_claim(assumed)
+        yield
+    finally:
+        for claim in added:
+            current = cache.claim_as_counted(str(object_key(claim)))
+            cache.state.upsert_claim(current if current is not None else claim)
+
+
+def allocate_groups(
+    cache: ClusterCache,
+    groups: tuple[PodGroup, ...],
+    *,
+    policy: str,
+    exclude_nodes: frozenset[str],
+) -> list[tuple[dict[str, Any], dict[str, Any]]] | None:
+    """Allocate every pending claim of ``groups`` in the cluster state, or None when they cannot all fit.
+
+    Groups pinned to a node (by a claim allocated earlier) are allocated there first and held as
+    tentative allocations while the free groups are allocated together in one call.
+    """
+    pinned = [g for g in groups if g.pinned_node is not None and g.pending_claims]
+    free = [g for g in groups if g.pinned_node is None and g.pending_claims]
+    chosen: list[tuple[dict[str, Any], dict[str, Any]]] = []
+    for group in pinned:
+        if group.conflict or group.pinned_node in exclude_nodes:
+            return None
+        with tentative_allocations(cache, chosen):
+            result = cache.state.allocate(list(group.pending_claims), node=group.pinned_node, policy=policy)
+        if result is None:
+            return None
+        chosen.extend(zip(group.pending_claims, result, strict=True))
+    if free:
+        claims: list[dict[str, Any]] = []
+        pod_groups: list[list[int]] = []
+        for group in free:
+            pod_groups.append(list(range(len(claims), len(claims) + len(group.pending_claims))))
+            claims.extend(group.pending_claims)
+        with tentative_allocations(cache, chosen):
+            result = cache.state.allocate(
+                claims, node=None, policy=policy, pod_groups=pod_groups, exclude_nodes=exclude_nodes
+            )
+        if result is None:
+            return None
+        chosen.extend(zip(claims, result, strict=True))
+    return chosen
+
+
+class Exclusions:
+    """Static exclusions for the plans of one decision pass: Nodes and slices are read once, and
+    each distinct pod placement spec (nodeSelector, affinity, tolerations) is judged once per node."""
+
+    def __init__(self, cache: ClusterCache) -> None:
+        self._nodes = {str(n["metadata"]["name"]): n for n in cache.objects(Kind.NODE)}
+        slice_nodes = {
+            str(s["spec"]["nodeName"])
+            for s in cache.objects(Kind.SLICE)
+            if (s.get("spec") or {}).get("nodeName")
+        }
+        self._orphans = frozenset(name for name in slice_nodes if name not in self._nodes)
+        self._by_spec: dict[str, frozenset[str]] = {}
+
+    def _rejecting(self, pod: dict[str, Any]) -> frozenset[str]:
+        spec = pod.get("spec") or {}
+        key = repr((spec.get("nodeSelector"), spec.get("affinity"), spec.get("tolerations")))
+        found = self._by_spec.get(key)
+        if found is None:
+            found = frozenset(name for name, node in self._nodes.items() if node_rejection(pod, node))
+            self._by_spec[key] = found
+        return found
+
+    def of(self, plan: GangPlan) -> frozenset[str]:
+        excluded = set(self._orphans)
+        for group in plan.groups:
+            if group.pending_claims:
+                for pod in group.pods:
+                    excluded |= self._rejecting(pod)
+        return frozenset(excluded)
+
+
+def static_exclusions(cache: ClusterCache, plan: GangPlan) -> frozenset[str]:
+    """Nodes no pod with pending claims could run on: cordoned, unmatched selectors/affinity,
+    untolerated taints, or slices published for a node that has no Node object."""
+    return Exclusions(cache).of(plan)
+
+
+def group_node(group: PodGroup, allocations: dict[str, dict[str, Any]]) -> str | None:
+    if group.pinned_node:
+        return group.pinned_node
+    for claim in group.pending_claims:
+        node = allocation_node(allocations.get(str(object_key(claim))))
+        if node:
+            return node
+    return None
+
+
+def node_fit(
+    cache: ClusterCache,
+    plan: GangPlan,
+    chosen: list[tuple[dict[str, Any], dict[str, Any]]],
+    nodes: dict[str, dict[str, Any]],
+) -> tuple[list[tuple[dict[str, Any], str | None]], str | None, str]:
+    """Each pod's node, and the first node whose CPU/memory/pods it overflows (with the shortfall)."""
+    by_claim = {str(object_key(c)): a for c, a in chosen}
+    usage: dict[str, Resources] = {}
+    pod_nodes: list[tuple[dict[str, Any], str | None]] = []
+    for group in plan.groups:
+        node = group_node(group, by_claim)
+        for pod in group.pods:
+            pod_nodes.append((pod, node))
+            if node is None or node not in nodes:
+                continue
+            requests = pod_requests(pod)
+            if node not in usage:
+                usage[node] = cache.node_usage(node)
+            free = node_allocatable(nodes[node]) - usage[node]
+            if not requests.fits_within(free):
+                return pod_nodes, node, f"{node}: {requests.shortfall(free)}"
+            usage[node] = usage[node] + requests
+    return pod_nodes, None, ""
+
+
+def decide(
+    cache: ClusterCache, plan: GangPlan, *, policy: str, extra_exclude: frozenset[str] = frozenset()
+) -> Decision:
+    """Node usage counts bound pods and pods we ungated that kube-scheduler has not bound yet.
+    ``extra_exclude``: nodes outside the topology domain being tried (``topology.py``)."""
+    excluded = set(static_exclusions(cache, plan)) | extra_exclude
+    nodes = {str(n["metadata"]["name"]): n for n in cache.objects(Kind.NODE)}
+    last_shortfall = ""
+    for _attempt in range(MAX_NODE_FIT_ATTEMPTS):
+        chosen = allocate_groups(cache, plan.groups, policy=policy, exclude_nodes=frozenset(excluded))
+        if chosen is None:
+            reason = "devices do not fit"
+            if last_shortfall:
+                reason += f" on nodes with room for the pods ({last_shortfall})"
+            return Decision(outcome="unschedulable", reason=reason)
+        pod_nodes, misfit, shortfall = node_fit(cache, plan, chosen, nodes)
+        if misfit is None:
+            return Decision(outcome="allocated", allocations=tuple(chosen), pod_nodes=tuple(pod_nodes))
+        last_shortfall = shortfall
+        excluded.add(misfit)
+    return Decision(
+        outcome="unschedulable", reason=f"pods do not fit the nodes' CPU/memory ({last_shortfall})"
+    )
+
+
+def assume_decision(cache: ClusterCache, decision: Decision) -> None:
+    """Count an allocated decision at once (devices, and the pods' CPU/memory on their nodes), so the
+    next decision sees it while the writers are still writing it."""
+    cache.assume_allocations(list(decision.allocations))
+    for pod, node in decision.pod_nodes:
+        if node:
+            cache.assume_placement(str(object_key(pod)), node, pod_requests(pod))

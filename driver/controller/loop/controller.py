@@ -1,0 +1,344 @@
+"""The allocation controller: five watchers fill the cache and enqueue keys; ONE decider thread
+takes the keys due (up to ``BATCH_KEYS`` at once, so a burst is decided together) and decides them
+(``reconcile.py``); a bounded pool of writer threads makes the writes (``pipeline.py``).
+
+Keys are ``gang:<namespace>/<gang>`` and ``claim:<namespace>/<name>``. A gang that did not fit is
+queued again when capacity may have grown (a slice, node or class changed, a claim lost its
+allocation or went away) and on the periodic resync.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+from kubernetes import client
+
+from driver.controller.diagnosis.explain import share_memory_requests
+from driver.controller.gangs.watch import GangWatches
+from driver.controller.loop.reconcile import CLAIM_PREFIX, GANG_PREFIX, Reconciler, ReconcilerSettings
+from driver.controller.loop.workqueue import WorkQueue
+from driver.controller.metrics import ControllerMetrics
+from driver.controller.model.decode import bounded
+from driver.controller.model.gang_identity import GangSource
+from driver.controller.model.objects import (
+    FINALIZER,
+    GangKey,
+    has_finalizer,
+    is_gated,
+    is_terminated,
+    object_key,
+    pod_claim_refs,
+)
+from driver.controller.preemption.preemptor import Preemptor
+from driver.controller.view.cache import ClusterCache, Kind
+from driver.controller.view.watch import Watcher
+from driver.controller.writes.events import EventRecorder
+from driver.controller.writes.pipeline import Job, WritePool, Writers
+from driver.controller.writes.writer import ApiWriter, HaltWrites, WriteHook
+from driver.kube import new_api_client
+
+__all__ = ["Controller"]
+
+log = logging.getLogger(__name__)
+
+BATCH_KEYS = 64  # keys decided in one pass when that many are due (a burst)
+METRICS_COST_RATIO = 50  # the metrics refresh waits at least 50x as long as it last took
+WATCH_ORDER = (Kind.CLASS, Kind.NODE, Kind.SLICE, Kind.CLAIM, Kind.POD)  # pods last: they reference the rest
+
+
+def _node_view(node: dict[str, Any] | None) -> Any:
+    if node is None:
+        return None
+    return (node["metadata"].get("labels"), node.get("spec"), (node.get("status") or {}).get("allocatable"))
+
+
+class _InlineWriters:
+    """``write_workers=0``: each job runs on the decider thread itself, as before the pipeline
+    (kept as the baseline the bench compares against)."""
+
+    def __init__(self, configuration: client.Configuration, identity: str, fence: threading.Event,
+                 hook: WriteHook | None, on_halt: Callable[[], None]) -> None:  # fmt: skip
+        self._api_client = new_api_client(configuration)
+        self._writers = Writers(
+            writer=ApiWriter(self._api_client, hook=hook, fence=fence),
+            recorder=EventRecorder(self._api_client, identity=identity),
+        )
+        self._on_halt = on_halt
+
+    def run(self, job: Job) -> bool:
+        try:
+            job(self._writers)
+        except HaltWrites:
+            self._on_halt()
+        except Exception:  # a bug in a job: logged once, as a writer thread would
+            log.exception("write job failed")
+        return True
+
+    def close(self) -> None:
+        self._writers.writer.close()
+        self._api_client.close()  # type: ignore[no-untyped-call]
+
+
+class Controller:
+    def __init__(
+        self,
+        *,
+        configuration: client.Configuration,
+        settings: ReconcilerSettings,
+        identity: str = "",
+        metrics: ControllerMetrics | None = None,
+        write_hook: WriteHook | None = None,
+        watch_timeout_seconds: int = 60,
+        resync_seconds: float = 30.0,
+        metrics_refresh_seconds: float = 2.0,
+        write_workers: int = 32,  # a pod takes three writes in a row: 32 keep up when each takes 10 ms
+        write_queue: int = 64,
+        batch_keys: int = BATCH_KEYS,
+        gang_sources: frozenset[GangSource] | None = None,
+    ) -> None:
+        self._configuration = configuration
+        self.settings = settings
+        self.identity = identity
+        self.metrics = metrics or ControllerMetrics()
+        self._write_hook = write_hook
+        self._watch_timeout_seconds = watch_timeout_seconds
+        self._resync_seconds = resync_seconds
+        self._metrics_refresh_seconds = metrics_refresh_seconds
+        self.stop_event = threading.Event()
+        self.cache = ClusterCache(topology_label=settings.topology_label)
+        self.queue = WorkQueue()
+        self._generation_lock = threading.Lock()
+        self._capacity_generation = 0
+        self._gate_seen: dict[str, float] = {}
+        if gang_sources is not None:
+            self.cache.gang_sources = gang_sources
+        self.gang_watches = GangWatches(
+            configuration=configuration, cache=self.cache, metrics=self.metrics,
+            enqueue_gang=lambda gang: self.queue.add(GANG_PREFIX + gang), sources=gang_sources,
+            stop=self.stop_event, watch_timeout_seconds=watch_timeout_seconds,
+        )  # fmt: skip
+        self.watchers = [
+            Watcher(
+                kind=kind,
+                configuration=configuration,
+                cache=self.cache,
+                on_event=self._on_event,
+                stop=self.stop_event,
+                watch_timeout_seconds=watch_timeout_seconds,
+            )
+            for kind in WATCH_ORDER
+        ]
+        self._worker = threading.Thread(target=self._run_worker, name="allocation-worker", daemon=True)
+        self.reconciler: Reconciler | None = None
+        self.halted = threading.Event()
+        self.fence = threading.Event()  # set when this replica may no longer write (leadership lost)
+        self._decider_stop = threading.Event()  # the stop event, or a halt
+        self._write_workers = write_workers  # 0: the decider writes itself (the old sequential path)
+        self._batch_keys = batch_keys
+        self._write_queue = write_queue
+        self.pool: WritePool | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.gang_watches.refresh()  # which Workload/PodGroup version is served, before the pods
+        for watcher in self.watchers:
+            watcher.start()
+        self._worker.start()
+
+    def wait_synced(self, timeout_seconds: float) -> bool:
+        deadline = time.monotonic() + timeout_seconds
+        return all(w.synced.wait(max(0.0, deadline - time.monotonic())) for w in self.watchers)
+
+    def stop(self, timeout_seconds: float = 10.0) -> None:
+        self.stop_event.set()
+        self._decider_stop.set()
+        self.queue.shut_down()
+        self.gang_watches.stop()
+        for watcher in self.watchers:
+            watcher.interrupt()
+        deadline = time.monotonic() + timeout_seconds
+        for thread in [*self.watchers, self._worker]:
+            if thread.is_alive():
+                thread.join(max(0.0, deadline - time.monotonic()))
+
+    def healthy(self) -> bool:
+        pool_alive = self.pool is None or self.pool.alive() or self.halted.is_set()
+        return self._worker.is_alive() and pool_alive and all(w.is_alive() for w in self.watchers)
+
+    @property
+    def latencies(self) -> list[float]:
+        return self.reconciler.latencies if self.reconciler else []
+
+    # -- watch events (watcher threads: cheap, no API calls) ----------------------------------------------
+
+    def _bump_capacity(self) -> None:
+        with self._generation_lock:
+            self._capacity_generation += 1
+        if self.reconciler is not None:
+            for gang in self.reconciler.unschedulable_gangs():
+                self.queue.add(GANG_PREFIX + gang)
+
+    def capacity_generation(self) -> int:
+        with self._generation_lock:
+            return self._capacity_generation
+
+    def _on_event(self, kind: Kind, event_type: str, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
+        if kind is Kind.POD:
+            self._on_pod(event_type, obj, old)
+        elif kind is Kind.CLAIM:
+            self._on_claim(event_type, obj, old)
+        elif kind is Kind.NODE:
+            if event_type == "DELETED" or _node_view(obj) != _node_view(old):
+                self._bump_capacity()
+        else:  # slices and classes
+            self._bump_capacity()
+
+    def _on_pod(self, event_type: str, pod: dict[str, Any], old: dict[str, Any] | None) -> None:
+        key = str(object_key(pod))
+        gone = event_type == "DELETED" or is_terminated(pod)
+        if is_gated(pod) and not gone:
+            self._gate_seen.setdefault(key, time.monotonic())
+            self.queue.add(GANG_PREFIX + self.cache.gang_key(pod))
+        elif old is not None and is_gated(old):
+            self.queue.add(GANG_PREFIX + self.cache.gang_key(old))
+        if gone:
+            self._gate_seen.pop(key, None)
+            namespace = pod["metadata"].get("namespace")
+            for ref in pod_claim_refs(pod):
+                if ref.claim_name:
+                    self.queue.add(f"{CLAIM_PREFIX}{namespace}/{ref.claim_name}")
+            if (pod.get("spec") or {}).get("nodeName") or (old and (old.get("spec") or {}).get("nodeName")):
+                self._bump_capacity()  # CPU/memory freed on a node
+
+    def _on_claim(self, event_type: str, claim: dict[str, Any], old: dict[str, Any] | None) -> None:
+        key = str(object_key(claim))
+        ours = has_finalizer(claim) or (old is not None and has_finalizer(old))
+        if ours:
+            self.queue.add(CLAIM_PREFIX + key)
+        was_allocated = old is not None and bool((old.get("status") or {}).get("allocation"))
+        is_allocated = event_type != "DELETED" and bool((claim.get("status") or {}).get("allocation"))
+        if was_allocated and not is_allocated:
+            self._bump_capacity()
+        # A new claim (one made from a template) or one that lost its allocation may complete a
+        # gang; our own finalizer and allocation writes need no second look.
+        if event_type == "ADDED" or (was_allocated and not is_allocated):
+            for user in self.cache.claim_users(key):
+                if is_gated(user):
+                    self.queue.add(GANG_PREFIX + self.cache.gang_key(user))
+
+    # -- the worker -----------------------------------------------------------------------------------
+
+    def _resync(self) -> None:
+        self.gang_watches.refresh()  # the served gang API may change (an upgrade, a CRD installed)
+        for gang in self.cache.gated_gangs():
+            self.queue.add(GANG_PREFIX + gang)
+        for claim in self.cache.objects(Kind.CLAIM):
+            if FINALIZER in (claim["metadata"].get("finalizers") or ()):
+                self.queue.add(CLAIM_PREFIX + str(object_key(claim)))
+
+    def refresh_metrics(self) -> None:
+        with self.cache.lock:
+            free = self.cache.state.free_summary()
+            gangs = self.cache.gated_gangs()
+            slices = self.cache.objects(Kind.SLICE)
+            pending_claims = []
+            for gang in gangs:
+                for pod in self.cache.gang_pods(gang):
+                    namespace = pod["metadata"]["namespace"]
+                    for ref in pod_claim_refs(pod):
+                        claim = (
+                            self.cache.get(Kind.CLAIM, f"{namespace}/{ref.claim_name}")
+                            if ref.claim_name
+                            else None
+                        )
+                        if claim is not None and not (claim.get("status") or {}).get("allocation"):
+                            pending_claims.append(claim)
+        self.metrics.gangs_pending.set(len(gangs))
+        self.metrics.observe_capacity(free, share_memory_requests(pending_claims))
+        self.metrics.observe_fragmentation(free, slices, [str(g) for g in gangs], now=time.monotonic())
+
+    def _halt(self) -> None:
+        """A write raised HaltWrites: stop writing everywhere, as a killed process would."""
+        self.fence.set()
+        self.halted.set()
+        self._decider_stop.set()
+
+    def _run_worker(self) -> None:
+        pool = WritePool(
+            configuration=self._configuration, workers=self._write_workers, capacity=self._write_queue,
+            identity=self.identity, fence=self.fence, hook=self._write_hook, on_halt=self._halt,
+        )  # fmt: skip
+        self.pool = pool
+        inline = _InlineWriters(self._configuration, self.identity, self.fence, self._write_hook, self._halt)
+        submit = inline.run if self._write_workers == 0 else partial(pool.submit, stop=self._decider_stop)
+        self.reconciler = Reconciler(
+            cache=self.cache,
+            metrics=self.metrics,
+            settings=self.settings,
+            capacity_generation=self.capacity_generation,
+            submit=submit,
+            requeue=self.queue.add,
+            requeue_later=self.queue.add_rate_limited,
+            capacity_freed=self._bump_capacity,
+            gate_seen=self._gate_seen,
+            preemptor=Preemptor(
+                cache=self.cache, configuration=self._configuration, identity=self.identity, fence=self.fence,
+                metrics=self.metrics,
+            ) if self.settings.preemption else None,
+        )  # fmt: skip
+        pool.start()
+        try:
+            for watcher in self.watchers:  # decide only on a complete view
+                while not watcher.synced.wait(0.1):
+                    if self.stop_event.is_set():
+                        return
+            self._resync()
+            next_resync = time.monotonic() + self._resync_seconds
+            next_metrics = time.monotonic()
+            while not self._decider_stop.is_set():
+                now = time.monotonic()
+                if now >= next_metrics:
+                    self.refresh_metrics()
+                    # At most 1/METRICS_COST_RATIO of the decider's time: on a big cluster with a deep
+                    # backlog one refresh takes tens of milliseconds (every GPU, every gated gang).
+                    spent = time.monotonic() - now
+                    next_metrics = now + max(self._metrics_refresh_seconds, METRICS_COST_RATIO * spent)
+                if now >= next_resync:
+                    self._resync()
+                    next_resync = now + self._resync_seconds
+                key = self.queue.get(timeout_seconds=max(0.01, min(next_resync, next_metrics) - now))
+                if key is None:
+                    continue
+                self._process([key, *self.queue.take_ready(self._batch_keys - 1)])
+            if self.halted.is_set():
+                log.warning("decider halted (leadership lost, or a test's simulated crash)")
+        finally:
+            pool.stop(timeout_seconds=10.0)
+            inline.close()
+
+    def _process(self, keys: list[str]) -> None:
+        """One pass of the decider over the keys due now; gangs are decided together."""
+        assert self.reconciler is not None
+        gangs = [GangKey(k[len(GANG_PREFIX) :]) for k in keys if k.startswith(GANG_PREFIX)]
+        reconciler = self.reconciler
+        for key in keys:
+            if key.startswith(CLAIM_PREFIX):
+                self._guarded([key], partial(reconciler.reconcile_claim, key[len(CLAIM_PREFIX) :]))
+        if gangs:
+            self._guarded([GANG_PREFIX + g for g in gangs], lambda: reconciler.reconcile_gangs(gangs))
+
+    def _guarded(self, keys: list[str], decide: Callable[[], None]) -> None:
+        try:
+            decide()
+            for key in keys:
+                self.queue.forget(key)
+        except Exception:  # a bug: log it once with its traceback, back off, keep serving the other keys
+            log.exception("decision failed", extra={"keys": bounded(", ".join(keys))})
+            for key in keys:
+                self.queue.add_rate_limited(key)

@@ -1,0 +1,541 @@
+"""The decider and the jobs it hands to the writers (issue 15: a pipelined write path).
+
+The decider (the one worker thread) takes keys off the queue, several at a time when they are
+there, and decides under ``cache.lock`` with no I/O: ready gangs are decided together
+(``decide_all``), and each allocation is assumed into the cache at once, so the next decision
+counts it. Every write then goes to the bounded pool of writers as one job per gang or claim:
+
+- a gang's job writes our finalizer and the allocation of each claim, re-checks that no claim or
+  pod was deleted meanwhile, then removes the gates (the commit point): in that order, on one
+  writer thread;
+- a failed write undoes exactly that gang: what its job wrote is cleared, what the decider assumed
+  is forgotten, and the gang is queued again with backoff; other gangs go on (a 409 on one never
+  blocks another);
+- while a job runs, its gang and claims are busy: a key that touches them waits and is queued again
+  when the job ends, so no decision is made on a half-written gang.
+
+Every write checks the fence (``writer.py``): a replica that lost its lease writes nothing more.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from driver.controller.diagnosis.explain import best_node_offer, describe_demand
+from driver.controller.gangs.burst import decide_all
+from driver.controller.gangs.decide import Decision
+from driver.controller.gangs.plan import GangPlan, plan_gang
+from driver.controller.kueue.check import kueue_provisions
+from driver.controller.metrics import ControllerMetrics
+from driver.controller.model.decode import bounded
+from driver.controller.model.objects import (
+    HINT_ANNOTATION,
+    GangKey,
+    has_finalizer,
+    is_deleting,
+    is_gated,
+    object_key,
+    pod_claim_refs,
+)
+from driver.controller.preemption.preemptor import Preemptor
+from driver.controller.sizing.hints import compute_hint, existing_node_shapes, profile_shapes, render_hint
+from driver.controller.view.cache import ClusterCache, Kind
+from driver.controller.writes.events import REASON_FAILED, EventRecorder
+from driver.controller.writes.pipeline import Job, Writers
+from driver.controller.writes.writer import ApiWriter, HaltWrites
+from driver.errors import AllocationError, ConflictError, FractionalError, NotFoundError
+
+__all__ = ["CLAIM_PREFIX", "GANG_PREFIX", "Reconciler", "ReconcilerSettings"]
+
+log = logging.getLogger(__name__)
+
+GANG_PREFIX = "gang:"
+CLAIM_PREFIX = "claim:"
+
+
+@dataclass(frozen=True, slots=True)
+class ReconcilerSettings:
+    policy: str = "best-fit"
+    hint_profiles: tuple[str, ...] = ()
+    provisioning_requests: bool = False
+    provisioning_class: str = "best-effort-atomic-scale-up.autoscaling.x-k8s.io"
+    topology_label: str = "topology.kubernetes.io/zone"
+    preemption: bool = True  # evict lower-priority pods for a gang that does not fit (preempting.py)
+
+
+@dataclass
+class _Unfit:
+    key: tuple[str, int] = ("", -1)  # (gang signature, capacity generation) last explained
+    hint_json: str | None = None
+    stale: int = 0  # explanations skipped in a row because capacity changed after the decision
+
+
+STALE_EXPLANATIONS_SKIPPED = 3  # then say why anyway: a busy cluster must not starve the Event
+
+
+def _claim_keys(plan: GangPlan) -> list[str]:
+    keys: list[str] = []
+    for pod in plan.gated:
+        namespace = pod["metadata"]["namespace"]
+        keys += [f"{CLAIM_PREFIX}{namespace}/{r.claim_name}" for r in pod_claim_refs(pod) if r.claim_name]
+    return keys
+
+
+@dataclass
+class Reconciler:
+    cache: ClusterCache
+    metrics: ControllerMetrics
+    settings: ReconcilerSettings
+    capacity_generation: Callable[[], int]
+    submit: Callable[[Job], bool]  # hands a job to the writers (blocks while they are full)
+    requeue: Callable[[str], None]
+    requeue_later: Callable[[str], float]  # with per-key backoff
+    capacity_freed: Callable[[], None] = lambda: None  # requeues the gangs waiting for room
+    gate_seen: dict[str, float] = field(default_factory=dict)
+    preemptor: Preemptor | None = None  # None: --preemption=false
+    latencies: list[float] = field(default_factory=list)
+    unschedulable: set[GangKey] = field(default_factory=set)
+    _unfit: dict[GangKey, _Unfit] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _busy: dict[str, int] = field(default_factory=dict)  # key -> the job holding it
+    _deferred: dict[int, set[str]] = field(default_factory=dict)  # job -> keys to queue when it ends
+    _jobs: int = 0
+
+    # -- the busy registry ------------------------------------------------------------------------------
+
+    def _busy_job(self, keys: list[str]) -> int | None:
+        with self._lock:
+            return next((self._busy[k] for k in keys if k in self._busy), None)
+
+    def _defer(self, job: int, key: str) -> None:
+        with self._lock:
+            if job in self._deferred:
+                self._deferred[job].add(key)
+                return
+        self.requeue(key)  # it ended meanwhile
+
+    def _start_job(
+        self, keys: list[str], run: Callable[[Writers], object], *, requeue: tuple[str, ...] = ()
+    ) -> None:
+        """Run ``run`` on a writer with ``keys`` busy; when it ends, queue the keys deferred meanwhile
+        (and ``requeue``)."""
+        with self._lock:
+            self._jobs += 1
+            job = self._jobs
+            for key in keys:
+                self._busy[key] = job
+            self._deferred[job] = set(requeue)
+
+        def wrapped(writers: Writers) -> None:
+            halted = False
+            try:
+                run(writers)
+            except HaltWrites:
+                halted = True  # nothing more is decided or written: as if the process died here
+                raise
+            except FractionalError as error:  # 409, 5xx, refused, rejected: back off and decide again
+                delay = self.requeue_later(keys[0])
+                self.metrics.decisions.labels(outcome="retry").inc()
+                log.info("requeued", extra={"key": bounded(keys[0]), "error": bounded(error),
+                         "delay_seconds": round(delay, 3)})  # fmt: skip
+            finally:
+                with self._lock:
+                    for key in keys:
+                        if self._busy.get(key) == job:
+                            del self._busy[key]
+                    deferred = self._deferred.pop(job, set())
+                for key in sorted(deferred) if not halted else ():
+                    self.requeue(key)
+
+        if not self.submit(wrapped):  # stopping: nothing will run it
+            with self._lock:
+                for key in keys:
+                    self._busy.pop(key, None)
+                self._deferred.pop(job, None)
+
+    # -- gangs (the decider) ------------------------------------------------------------------------------
+
+    def reconcile_gangs(self, gangs: list[GangKey]) -> None:
+        started = time.monotonic()
+        generation = self.capacity_generation()  # before deciding: a later change re-queues us
+        ready: list[GangPlan] = []
+        others: list[GangPlan] = []
+        with self.cache.lock:
+            for gang in gangs:
+                key = GANG_PREFIX + gang
+                plan = plan_gang(self.cache, gang)
+                job = self._busy_job([key, *_claim_keys(plan)])
+                if job is not None:
+                    self._defer(job, key)
+                    continue
+                unfit = self._unfit.get(gang)
+                if plan.action == "allocate" and unfit and unfit.key == (plan.signature, generation):
+                    continue  # did not fit, and neither the gang nor the capacity changed since
+                (ready if plan.action == "allocate" else others).append(plan)
+            decisions = self._decide_all(ready) if ready else []
+        for plan in others:
+            self._act(plan)
+        if self.preemptor is not None:
+            self.preemptor.placed(
+                [
+                    p.key
+                    for p, o in zip(ready, decisions, strict=True)
+                    if isinstance(o, Decision) and o.outcome == "allocated"
+                ]
+            )
+        for plan, outcome in zip(ready, decisions, strict=True):
+            if isinstance(outcome, AllocationError):
+                self._failed(plan, outcome)
+            elif outcome.outcome == "allocated":
+                self._mark_unschedulable(plan.key, fit=True)
+                self.metrics.decisions.labels(outcome="allocated").inc()
+                self.metrics.decision_seconds.observe(time.monotonic() - started)
+                # Looked at again when the job ends: pods beyond minCount (or the next pod of a basic
+                # policy) wait for these, and our own ungate, assumed into the cache, sends no event
+                # that would queue the gang again.
+                self._start_job(
+                    [GANG_PREFIX + plan.key, *_claim_keys(plan)],
+                    lambda w, plan=plan, decision=outcome: self._commit(w, plan, decision),  # type: ignore[misc]
+                    requeue=(GANG_PREFIX + plan.key,),
+                )
+            else:
+                self._mark_unschedulable(plan.key, fit=False)
+                self.metrics.decisions.labels(outcome="unschedulable").inc()
+                if self.capacity_generation() != generation:
+                    # Capacity changed while we decided: that change's requeue came before the gang
+                    # was marked unschedulable, so look again now rather than at the next resync.
+                    self.requeue(GANG_PREFIX + plan.key)
+                self._start_job(
+                    [GANG_PREFIX + plan.key],
+                    lambda w, plan=plan, decision=outcome: self._unschedulable(w, plan, decision, generation),  # type: ignore[misc]
+                )
+
+    def _decide_all(self, ready: list[GangPlan]) -> list[Decision | AllocationError]:
+        """``decide_all``, with the preemptor's nominations in force when there is one."""
+        if self.preemptor is None:
+            return decide_all(self.cache, ready, policy=self.settings.policy)
+        return self.preemptor.decide_all(ready, policy=self.settings.policy, decide_all=decide_all)
+
+    def _unschedulable(self, writers: Writers, plan: GangPlan, decision: Decision, generation: int) -> None:
+        """An unschedulable gang's job: make room by preemption (preempting.py), else say why not."""
+        if self.preemptor is not None and self.preemptor.preempt(plan, policy=self.settings.policy):
+            return  # victims are going; the release of their claims queues the gang again
+        self._explain(writers, plan, decision, generation)
+
+    def _failed(self, plan: GangPlan, failure: AllocationError) -> None:
+        self._mark_unschedulable(plan.key, fit=False)
+        self.metrics.decisions.labels(outcome="error").inc()
+        message = f"cannot allocate: {bounded(failure)}"
+        self._start_job(
+            [GANG_PREFIX + plan.key],
+            lambda w: w.recorder.gang_unschedulable(plan.key, plan.gated[0], message, reason=REASON_FAILED),
+        )
+
+    def _act(self, plan: GangPlan) -> None:
+        if plan.invalid:
+            self._mark_unschedulable(plan.key, fit=False)
+            self._start_job([GANG_PREFIX + plan.key], lambda w: self._report_invalid(w, plan))
+        if plan.action == "idle":
+            self._mark_unschedulable(plan.key, fit=True)
+            self._unfit.pop(plan.key, None)
+        elif plan.action == "wait":
+            log.debug("gang waiting", extra={"gang": plan.key, "reason": bounded(plan.reason)})
+            self.metrics.decisions.labels(outcome="waiting").inc()
+        elif plan.action == "release":
+            keys = [GANG_PREFIX + plan.key, *(CLAIM_PREFIX + str(object_key(c)) for c in plan.release)]
+            self._start_job(
+                keys, lambda w: self._release_half_done(w, plan), requeue=(GANG_PREFIX + plan.key,)
+            )
+        elif plan.action == "ungate":
+            self.metrics.decisions.labels(outcome="ungated").inc()
+            self._start_job(
+                [GANG_PREFIX + plan.key, *_claim_keys(plan)],
+                lambda w: self._ungate(w, plan, {}),
+                requeue=(GANG_PREFIX + plan.key,),
+            )
+
+    def _mark_unschedulable(self, gang: GangKey, *, fit: bool) -> None:
+        with self._lock:
+            if fit:
+                self.unschedulable.discard(gang)
+            else:
+                self.unschedulable.add(gang)
+
+    def unschedulable_gangs(self) -> list[GangKey]:
+        with self._lock:
+            return list(self.unschedulable)
+
+    # -- gang jobs (writer threads) -------------------------------------------------------------------
+
+    def _assume(self, claim: dict[str, Any], event_type: str = "MODIFIED") -> None:
+        """Apply what we wrote (or just read) to the cache; when that frees devices, say so: the
+        watch event of our own write then changes nothing, so nobody else would."""
+        before = self.cache.claim_as_counted(str(object_key(claim)))
+        applied, _ = self.cache.apply(Kind.CLAIM, event_type, claim)
+        freed = event_type == "DELETED" or not (claim.get("status") or {}).get("allocation")
+        if applied and before is not None and (before.get("status") or {}).get("allocation") and freed:
+            self.capacity_freed()
+
+    def _report_invalid(self, writers: Writers, plan: GangPlan) -> None:
+        """An Event on each object rejected when read, and one on the gang's first pod."""
+        for kind, obj, reason in plan.invalid:
+            writers.recorder.object_rejected(kind.value, obj, reason)
+        first_kind, first_obj, first_reason = plan.invalid[0]
+        what = "ResourceClaim" if first_kind is Kind.CLAIM else "Pod"
+        message = f"cannot allocate: {what} {object_key(first_obj)}: {first_reason}"
+        writers.recorder.gang_unschedulable(plan.key, plan.gated[0], message, reason=REASON_FAILED)
+
+    def _commit(self, writers: Writers, plan: GangPlan, decision: Decision) -> None:
+        """Finalizers, then allocations, then gates; a failed write undoes this gang alone."""
+        writer = writers.writer
+        written: list[dict[str, Any]] = []  # each claim as stored after our last write to it
+        try:
+            for claim, allocation in decision.allocations:
+                with_finalizer = writer.add_finalizer(claim)
+                written.append(with_finalizer)
+                written[-1] = writer.write_allocation(with_finalizer, allocation)
+            with self.cache.lock:  # once per gang: the writers do not queue for the lock per write
+                for stored in written:  # allocated as we assumed: nothing is freed, nobody to tell
+                    self.cache.apply(Kind.CLAIM, "MODIFIED", stored)
+                gone = [str(object_key(c)) for c in written if self._deleted_meanwhile(Kind.CLAIM, c)]
+                gone += [str(object_key(p)) for p in plan.gated if self._deleted_meanwhile(Kind.POD, p)]
+            if gone:  # deleted while we placed the gang: it cannot complete, so nothing is ungated
+                log.info("deleted during placement, undoing", extra={"gang": plan.key, "object": gone[0]})
+                self._give_back(writer, plan, decision, written, requeue=False)
+                return
+        except HaltWrites:
+            raise  # as if killed: nothing is undone
+        except FractionalError as error:
+            log.warning("gang write failed, undoing", extra={"gang": plan.key, "error": bounded(error)})
+            self._give_back(writer, plan, decision, written, requeue=True)
+            if isinstance(error, ConflictError | NotFoundError):
+                self._refresh_claims(writer, [c for c, _ in decision.allocations])
+            self.metrics.decisions.labels(outcome="retry").inc()
+            return
+        except Exception:  # a bug: still give back what this gang holds, then let the pool log it
+            self._give_back(writer, plan, decision, written, requeue=True)
+            raise
+        nodes = {str(object_key(p)): node for p, node in decision.pod_nodes}
+        try:
+            self._ungate(writers, plan, nodes)
+        except FractionalError as error:  # past the commit point: finish the gates on the next pass
+            delay = self.requeue_later(GANG_PREFIX + plan.key)
+            log.info(
+                "ungating requeued", extra={"gang": plan.key, "error": bounded(error), "delay_seconds": delay}
+            )
+
+    def _give_back(self, writer: ApiWriter, plan: GangPlan, decision: Decision, written: list[dict[str, Any]],
+                   *, requeue: bool) -> None:  # fmt: skip
+        """Undo exactly this gang: what the decider assumed, the writes made; then decide it again."""
+        self.cache.forget_assumed([str(object_key(c)) for c, _ in decision.allocations])
+        for pod, _node in decision.pod_nodes:
+            self.cache.forget_placement(str(object_key(pod)))
+        try:
+            self._undo(writer, written)
+        except FractionalError as error:  # what is left is a half-done gang: its next pass releases it
+            log.warning("undo incomplete", extra={"gang": plan.key, "error": bounded(error)})
+        self.capacity_freed()
+        if requeue:
+            self.requeue_later(GANG_PREFIX + plan.key)
+
+    def _deleted_meanwhile(self, kind: Kind, obj: dict[str, Any]) -> bool:
+        """The deletion mark as our write returned it, or as the watch has seen it since (a new
+        object under the same name counts as deleted too)."""
+        current = self.cache.get(kind, str(object_key(obj)))
+        return (
+            is_deleting(obj)
+            or current is None
+            or is_deleting(current)
+            or current["metadata"].get("uid") != obj["metadata"].get("uid")
+        )
+
+    def _undo(self, writer: ApiWriter, written: list[dict[str, Any]]) -> None:
+        for stored in reversed(written):
+            current = stored
+            for _attempt in range(3):
+                try:
+                    if (current.get("status") or {}).get("allocation"):
+                        if (current.get("status") or {}).get("reservedFor"):
+                            break  # someone already uses it: leave it
+                        current = writer.clear_allocation(current)
+                        self._assume(current)
+                    current = writer.remove_finalizer(current)
+                    self._assume(current)
+                    break
+                except ConflictError:
+                    meta = current["metadata"]
+                    current = writer.read_claim(meta["namespace"], meta["name"])
+                    self._assume(current)
+                except NotFoundError:
+                    break
+
+    def _refresh_claims(self, writer: ApiWriter, claims: list[dict[str, Any]]) -> None:
+        """After a 409, read the claims so the next decision starts from the server's truth."""
+        for claim in claims:
+            meta = claim["metadata"]
+            try:
+                self._assume(writer.read_claim(meta["namespace"], meta["name"]))
+            except NotFoundError:
+                self._assume(claim, "DELETED")
+
+    def _ungate(self, writers: Writers, plan: GangPlan, nodes: dict[str, str | None]) -> None:
+        writer = writers.writer
+        for pod in plan.gated:
+            key = str(object_key(pod))
+            current = pod
+            for _attempt in range(3):
+                try:
+                    stored = writer.ungate_pod(current)
+                    break
+                except ConflictError:
+                    meta = current["metadata"]
+                    current = writer.read_pod(meta["namespace"], meta["name"])
+                    if not is_gated(current):
+                        stored = current
+                        break
+            else:
+                raise ConflictError(f"Pod {key}: scheduling gate: kept changing while being removed")
+            with self.cache.lock:
+                self.cache.apply(Kind.POD, "MODIFIED", stored)
+                if nodes.get(key) is None:
+                    self.cache.forget_placement(key)
+            seen = self.gate_seen.pop(key, None)
+            if seen is not None:
+                latency = time.monotonic() - seen
+                self.latencies.append(latency)
+                self.metrics.ungate_seconds.observe(latency)
+            if (pod["metadata"].get("annotations") or {}).get(HINT_ANNOTATION):
+                writer.annotate_pod(stored, {HINT_ANNOTATION: None})
+        writers.recorder.forget(plan.key)
+        self._unfit.pop(plan.key, None)
+        log.info("gang allocated", extra={"gang": plan.key, "pods": len(plan.gated)})
+
+    def _release_half_done(self, writers: Writers, plan: GangPlan) -> None:
+        log.warning("releasing a half-allocated gang", extra={"gang": plan.key, "claims": len(plan.release),
+                    "reason": bounded(plan.reason)})  # fmt: skip
+        for claim in plan.release:
+            self._release(writers.writer, claim)
+        self.metrics.decisions.labels(outcome="released").inc()
+
+    def _explain(self, writers: Writers, plan: GangPlan, decision: Decision, generation: int) -> None:
+        state = self._unfit.setdefault(plan.key, _Unfit())
+        key = (plan.signature, generation)
+        if state.key == key:
+            return  # nothing changed since we last said why
+        if self.capacity_generation() != generation and state.stale < STALE_EXPLANATIONS_SKIPPED:
+            # Capacity changed since this decision (a Node seen after its slices, a pod gone): the
+            # gang is decided again, so an Event now would describe a cluster that no longer is.
+            state.stale += 1
+            return
+        state.stale = 0
+        with self.cache.lock:
+            claims = [c for g in plan.groups for c in g.pending_claims]
+            pod_groups, start = [], 0
+            for group in plan.groups:
+                pod_groups.append(list(range(start, start + len(group.pending_claims))))
+                start += len(group.pending_claims)
+            pod_groups = [g for g in pod_groups if g]
+            nodes = self.cache.objects(Kind.NODE)
+            node_names = [str(n["metadata"]["name"]) for n in nodes]
+            offer = best_node_offer(self.cache.state, plan.groups, node_names, policy=self.settings.policy)
+            slices = self.cache.objects(Kind.SLICE)
+            classes = self.cache.objects(Kind.CLASS)
+            allocated = [
+                c for c in self.cache.objects(Kind.CLAIM) if (c.get("status") or {}).get("allocation")
+            ]
+        name = plan.key.split("/", 1)[1]
+        message = f"gang {name} ({len(plan.gated)} pods) needs {describe_demand(claims)}; "
+        message += (
+            f"best node {offer.node} offers room for {offer.pods} of {len(plan.gated)} pods "
+            f"({offer.shares} devices)"
+            if offer and offer.shares
+            else "no node offers any"
+        )
+        if "CPU/memory" in decision.reason or "room for the pods" in decision.reason or plan.topology_key:
+            message += f"; {decision.reason}"
+        shapes = profile_shapes(self.settings.hint_profiles) + existing_node_shapes(slices, nodes)
+        hint = compute_hint(
+            claims, pod_groups=pod_groups, shapes=shapes, cluster_slices=slices, classes=classes,
+            allocated_claims=allocated, nodes=nodes, policy=self.settings.policy,
+            topology_label=self.settings.topology_label,
+        )  # fmt: skip
+        hint_json = render_hint(hint) if hint else None
+        message += (
+            f"; scale-up hint: {hint.nodes} x {hint.profile}" if hint else "; no known node shape fits it"
+        )
+        writers.recorder.gang_unschedulable(plan.key, plan.gated[0], message, also=plan.target)
+        provisioning = None
+        if hint is not None and self.settings.provisioning_requests and not kueue_provisions(plan.gated):
+            request = writers.recorder.publish_provisioning_request(
+                plan.key, list(plan.gated), self.settings.provisioning_class
+            )
+            provisioning = (request, self.settings.provisioning_class)
+        if hint_json != state.hint_json or provisioning is not None:
+            for pod in plan.gated:
+                annotations = pod["metadata"].get("annotations") or {}
+                if annotations.get(HINT_ANNOTATION) != hint_json or provisioning is not None:
+                    wanted = EventRecorder.hint_annotations(hint_json, provisioning)
+                    self.cache.apply(Kind.POD, "MODIFIED", writers.writer.annotate_pod(pod, wanted))
+        state.key, state.hint_json = key, hint_json
+
+    # -- claims ---------------------------------------------------------------------------------------
+
+    def _release(self, writer: ApiWriter, claim: dict[str, Any]) -> None:
+        current = claim
+        if (current.get("status") or {}).get("allocation"):
+            current = writer.clear_allocation(current)
+            self._assume(current)
+            self.metrics.released.inc()
+        if has_finalizer(current):
+            current = writer.remove_finalizer(current)
+            self._assume(current)
+
+    def reconcile_claim(self, key: str) -> None:
+        """Decide what one of our claims needs (decider); any write goes to a job."""
+        queue_key = CLAIM_PREFIX + key
+        job = self._busy_job([queue_key])
+        if job is not None:
+            self._defer(job, queue_key)
+            return
+        claim = self.cache.get(Kind.CLAIM, key)
+        if claim is None or not has_finalizer(claim):
+            return
+        if (reason := self.cache.rejection(Kind.CLAIM, key)) is not None:
+            # As read it was cut (too deep): writing it back would write the cut version. Say so once.
+            self._start_job(
+                [queue_key], lambda w: w.recorder.object_rejected(Kind.CLAIM.value, claim, reason)
+            )
+            return
+        status = claim.get("status") or {}
+        users = self.cache.claim_users(key)
+        if is_deleting(claim) or (status.get("allocation") and not users):
+            if status.get("reservedFor"):
+                return  # in use: the scheduler / claim controller must unreserve it first
+            if any((u.get("spec") or {}).get("nodeName") for u in users):
+                return  # a bound pod runs with it (reservedFor may lag): release when the pod ends
+            log.info("releasing claim", extra={"claim": key, "deleting": is_deleting(claim)})
+            self._start_job([queue_key], lambda w: self._release(w.writer, claim))
+            return
+        if status.get("allocation"):
+            return
+        running = [u for u in users if not is_gated(u)]
+        if running:  # our allocation was cleared after the pod left our hands: kube-scheduler's PostFilter
+            self.metrics.vanished.inc()
+            log.warning(
+                "allocation vanished",
+                extra={"claim": key, "pod": ", ".join(sorted(str(object_key(u)) for u in running))},
+            )
+            # Not bound yet, in a gang: kube-scheduler's gang PostFilter undid the placement; the gang
+            # is planned again as a whole (gangs.py), our finalizer kept meanwhile.
+            gangs = {g for u in running if not (u.get("spec") or {}).get("nodeName")
+                     and (g := self.cache.gang_of_pod(str(object_key(u)))) is not None}  # fmt: skip
+            if gangs:
+                for gang in sorted(gangs):
+                    self.requeue(GANG_PREFIX + gang)
+                return
+        self._start_job([queue_key], lambda w: self._release(w.writer, claim))  # a crash leftover's finalizer

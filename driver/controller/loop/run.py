@@ -1,0 +1,136 @@
+"""``fractional controller``: metrics server, optional leader election, the controller; exit codes.
+
+Returns 0 after a clean stop (SIGTERM), 1 when leadership was lost (the process must exit so that
+nothing it still had in flight is written by a non-leader; the Deployment restarts it).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+from driver.config import ControllerConfig
+from driver.controller.kueue.worker import KueueCheckSettings, start_admission_check
+from driver.controller.loop.controller import Controller
+from driver.controller.loop.elector import Clock, LeaderElector
+from driver.controller.loop.reconcile import ReconcilerSettings
+from driver.controller.metrics import ControllerMetrics
+from driver.controller.model.gang_identity import parse_gang_sources
+from driver.controller.writes.writer import WriteHook
+from driver.kube import load_configuration, new_api_client
+from driver.probes import ProbeServer
+
+__all__ = ["run_controller"]
+
+log = logging.getLogger(__name__)
+
+POLL_SECONDS = 0.1
+
+
+def settings_from_config(config: ControllerConfig) -> ReconcilerSettings:
+    return ReconcilerSettings(
+        policy=config.policy,
+        hint_profiles=config.hint_profiles,
+        provisioning_requests=config.provisioning_requests,
+        provisioning_class=config.provisioning_class,
+        topology_label=config.topology_label,
+        preemption=config.preemption,
+    )
+
+
+def run_controller(
+    config: ControllerConfig,
+    stop: threading.Event,
+    *,
+    write_hook: WriteHook | None = None,
+    clock: Clock | None = None,
+    started: threading.Event | None = None,
+) -> int:
+    """Run until ``stop`` is set (0) or leadership is lost (1). ``write_hook``, ``clock`` and
+    ``started`` (set once this replica leads and its controller runs) are for tests."""
+    configuration = load_configuration(config.kubeconfig)
+    metrics = ControllerMetrics()
+    controller: Controller | None = None
+    close_kueue_check: Callable[[float], None] | None = None
+
+    def healthy() -> bool:
+        return controller is None or controller.healthy()
+
+    server = None
+    if config.metrics_port:
+        server = ProbeServer(
+            host=config.metrics_host,
+            port=config.metrics_port,
+            checks={"/healthz": lambda: (healthy(), "")},
+            registry=metrics.registry,
+            name="metrics-http",
+        )
+        server.start()
+    elector: LeaderElector | None = None
+    elector_thread: threading.Thread | None = None
+    elector_api = new_api_client(configuration) if config.leader_elect else None
+    elector_stop = threading.Event()
+    try:
+        if config.leader_elect:
+            assert elector_api is not None
+            elector = LeaderElector(
+                api_client=elector_api,
+                name=config.lease_name,
+                namespace=config.lease_namespace,
+                identity=config.identity,
+                lease_duration_seconds=config.lease_duration_seconds,
+                renew_deadline_seconds=config.renew_deadline_seconds,
+                retry_period_seconds=config.retry_period_seconds,
+                clock=clock,
+            )
+            elector_thread = threading.Thread(
+                target=elector.run, args=(elector_stop,), name="leader-elector", daemon=True
+            )
+            elector_thread.start()
+            while not (stop.is_set() or elector.leading.is_set() or elector.lost.is_set()):
+                stop.wait(POLL_SECONDS)
+            if stop.is_set() or elector.lost.is_set():
+                return 0 if stop.is_set() else 1
+            metrics.leader.set(1)
+        controller = Controller(
+            configuration=configuration, settings=settings_from_config(config), identity=config.identity,
+            metrics=metrics, write_hook=write_hook, gang_sources=parse_gang_sources(config.gang_sources),
+        )  # fmt: skip
+        controller.start()
+        if config.kueue_admission_check:  # issue 14: the AdmissionCheck fractional.dev/placement
+            kueue_settings = KueueCheckSettings(
+                policy=config.policy, topology_label=config.topology_label, hint_profiles=config.hint_profiles
+            )
+            close_kueue_check = start_admission_check(configuration, kueue_settings, fence=controller.fence)
+        log.info("controller started", extra={"identity": config.identity, "policy": config.policy})
+        if started is not None:
+            started.set()
+        while not stop.is_set():
+            # The elector notices a missed deadline only after its current round, which can block on
+            # a slow API for longer than the deadline; check the deadline here too, and fence the
+            # writer first so nothing more goes out once a successor may have taken over.
+            if elector is not None and (elector.lost.is_set() or elector.renew_overdue()):
+                controller.fence.set()
+                log.error("leadership lost, stopping", extra={"identity": config.identity})
+                return 1
+            if controller.halted.is_set():
+                stop.wait(POLL_SECONDS)  # a simulated crash: stay down until told to stop
+                continue
+            stop.wait(POLL_SECONDS)
+        return 0
+    finally:
+        if close_kueue_check is not None:
+            close_kueue_check(10.0)
+        if controller is not None:
+            controller.stop()
+        elector_stop.set()
+        if elector_thread is not None:
+            elector_thread.join(timeout=10)
+        if elector is not None and not elector.lost.is_set():
+            elector.release()
+        metrics.leader.set(0)
+        if elector_api is not None:
+            elector_api.close()  # type: ignore[no-untyped-call]
+        if server is not None:
+            server.close()

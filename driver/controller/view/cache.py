@@ -1,0 +1,350 @@
+"""The controller's view of the cluster, filled only by the watchers (and by what the worker itself
+just wrote, the "assume" step), plus the allocator's incremental ``ClusterState``.
+
+One re-entrant lock guards everything; the worker holds it while it decides (pure CPU work, the
+allocator included) and never across an API call. Stale events (an older resourceVersion than
+what we already hold, e.g. a watch event that trails our own write) are ignored, like upstream's
+assume cache.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict, defaultdict
+from enum import StrEnum
+from typing import Any
+
+from driver.allocator import ClusterState
+from driver.controller.model.gang_identity import ALL_SOURCES, GangSource, identify, podgroup_claim, resolve
+from driver.controller.model.objects import (
+    GangKey,
+    ObjectKey,
+    Resources,
+    is_gated,
+    is_terminated,
+    object_key,
+    pod_claim_refs,
+    pod_requests,
+    resource_version_is_older,
+)
+
+__all__ = ["ClusterCache", "Kind"]
+
+MAX_DELETED_UIDS = 100_000
+
+
+class Kind(StrEnum):
+    SLICE = "resourceslices"
+    CLASS = "deviceclasses"
+    CLAIM = "resourceclaims"
+    POD = "pods"
+    NODE = "nodes"
+    # Gang objects (``gang_identity``): watched at the version the server serves, when served.
+    PODGROUP = "podgroups"
+    WORKLOAD = "workloads"
+    COSCHEDULING_PODGROUP = "podgroups.scheduling.x-k8s.io"
+    VOLCANO_PODGROUP = "podgroups.scheduling.volcano.sh"
+
+
+def _rv(obj: dict[str, Any] | None) -> str | None:
+    return None if obj is None else (obj.get("metadata") or {}).get("resourceVersion")
+
+
+def _uid(obj: dict[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("uid") or object_key(obj))
+
+
+class ClusterCache:
+    def __init__(self, *, topology_label: str) -> None:
+        self.lock = threading.RLock()
+        self.state = ClusterState(topology_label=topology_label)
+        self._objects: dict[Kind, dict[ObjectKey, dict[str, Any]]] = {kind: {} for kind in Kind}
+        self._gang_pods: dict[GangKey, set[ObjectKey]] = defaultdict(set)
+        self._pod_gang: dict[ObjectKey, GangKey] = {}
+        self._claim_users: dict[ObjectKey, set[ObjectKey]] = defaultdict(set)
+        self._pod_claims: dict[ObjectKey, tuple[ObjectKey, ...]] = {}
+        self._bound: dict[ObjectKey, tuple[str, Resources]] = {}
+        self._usage: dict[str, Resources] = defaultdict(Resources)
+        self._placed: dict[ObjectKey, tuple[str, Resources]] = {}
+        self._rejected: dict[tuple[Kind, ObjectKey], str] = {}  # objects we must not act on, and why
+        # UIDs seen deleted: a write's answer that arrives after the watch's DELETED must not bring
+        # the object back (the worker assumes what it wrote). Bounded, oldest forgotten first.
+        self._deleted_uids: OrderedDict[str, None] = OrderedDict()
+        # Allocations decided but not yet seen written (the writers are behind): the allocator
+        # counts these versions until the server's version carries an allocation, or we forget them.
+        self._assumed: dict[ObjectKey, dict[str, Any]] = {}
+        self.gang_sources: frozenset[GangSource] = ALL_SOURCES  # set from --gang-sources / discovery
+
+    def _lookup(self, kind: str, key: str) -> dict[str, Any] | None:
+        return self._objects[Kind(kind)].get(ObjectKey(key))
+
+    def gang_key(self, pod: dict[str, Any]) -> GangKey:
+        """The pod's gang among the sources turned on (``gang_identity.identify``); a pod whose
+        PodGroup or Workload pod group has a ``basic`` policy is a gang of one (pod by pod)."""
+        with self.lock:
+            ref = identify(pod, self.gang_sources)
+            if ref.source in (GangSource.PODGROUP, GangSource.WORKLOAD) and resolve(ref, self._lookup).basic:
+                meta = pod.get("metadata") or {}
+                return GangKey(f"{meta.get('namespace')}/pod:{meta.get('name')}")
+            return ref.key
+
+    def reindex_gang(self, gang: GangKey) -> set[GangKey]:
+        """Index the gang's pods again (their PodGroup changed: its claims, its size, a basic
+        policy); returns the gangs they belong to now."""
+        with self.lock:
+            now: set[GangKey] = set()
+            for key in list(self._gang_pods.get(gang, ())):
+                self._index_pod(key, self._objects[Kind.POD][key])
+                if (moved := self._pod_gang.get(key)) is not None:
+                    now.add(moved)
+            return now
+
+    def set_gang_sources(self, sources: frozenset[GangSource]) -> None:
+        """Turn gang sources on or off; every pod is indexed again."""
+        with self.lock:
+            self.gang_sources = sources
+            for key, pod in self._objects[Kind.POD].items():
+                self._index_pod(key, pod)
+
+    # -- updates (watchers, and the worker's assume step) ------------------------------------------
+
+    def apply(
+        self,
+        kind: Kind,
+        event_type: str,
+        obj: dict[str, Any],
+        *,
+        rejected: str | None = None,
+        listed: bool = False,
+    ) -> tuple[bool, dict[str, Any] | None]:
+        """Apply one watch event; returns (applied, the object held before). ``rejected``: why the
+        object as read cannot be trusted (cut by the bounded decoder); the worker leaves it alone."""
+        key = object_key(obj)
+        with self.lock:
+            old = self._objects[kind].get(key)
+            if event_type == "DELETED":
+                if old is None or (_uid(old) != _uid(obj) and resource_version_is_older(_rv(obj), _rv(old))):
+                    return False, old
+                del self._objects[kind][key]
+                self._rejected.pop((kind, key), None)
+                self._on_removed(kind, key, old)
+                self._remember_deleted(_uid(old))
+                return True, old
+            if old is not None and _uid(old) == _uid(obj) and resource_version_is_older(_rv(obj), _rv(old)):
+                return False, old
+            if (
+                old is not None
+                and _rv(obj) is not None
+                and _rv(obj) == _rv(old)
+                and _uid(old) == _uid(obj)
+                and self._rejected.get((kind, key)) == rejected
+            ):
+                return False, old  # the version we hold (the echo of our own write): nothing changed
+            if not listed and _uid(obj) in self._deleted_uids:
+                return False, old  # an answer to our write, overtaken by the object's deletion
+            self._objects[kind][key] = obj
+            if rejected is None:
+                self._rejected.pop((kind, key), None)
+            else:
+                self._rejected[(kind, key)] = rejected
+            self._on_stored(kind, key, obj, old)
+            return True, old
+
+    def rejection(self, kind: Kind, key: str) -> str | None:
+        """Why the object at ``key`` was rejected when read, or None when it is fine."""
+        with self.lock:
+            return self._rejected.get((kind, ObjectKey(key)))
+
+    def replace(
+        self, kind: Kind, objs: list[dict[str, Any]], rejected: dict[int, str] | None = None
+    ) -> list[tuple[str, dict[str, Any]]]:
+        """A fresh LIST: store it and drop what is gone. Returns the changes as synthetic events.
+        ``rejected``: index in ``objs`` -> why that object was rejected when read."""
+        changes: list[tuple[str, dict[str, Any]]] = []
+        reasons = rejected or {}
+        with self.lock:
+            fresh = {object_key(o) for o in objs}
+            for key, old in list(self._objects[kind].items()):
+                if key not in fresh:
+                    del self._objects[kind][key]
+                    self._rejected.pop((kind, key), None)
+                    self._on_removed(kind, key, old)
+                    self._remember_deleted(_uid(old))
+                    changes.append(("DELETED", old))
+            for index, obj in enumerate(objs):
+                applied, previous = self.apply(
+                    kind, "MODIFIED", obj, rejected=reasons.get(index), listed=True
+                )
+                if applied and (previous is None or _rv(previous) != _rv(obj)):
+                    changes.append(("ADDED" if previous is None else "MODIFIED", obj))
+        return changes
+
+    def _remember_deleted(self, uid: str) -> None:
+        self._deleted_uids[uid] = None
+        if len(self._deleted_uids) > MAX_DELETED_UIDS:
+            self._deleted_uids.popitem(last=False)
+
+    def _on_stored(self, kind: Kind, key: ObjectKey, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
+        if kind is Kind.SLICE:
+            self.state.upsert_slice(obj)
+        elif kind is Kind.CLASS:
+            self.state.upsert_class(obj)
+        elif kind is Kind.CLAIM:
+            if old is not None and _uid(old) != _uid(obj):
+                self.state.remove_claim(_uid(old))
+            assumed = self._assumed.get(key)
+            if assumed is not None:
+                if _uid(assumed) == _uid(obj) and not (obj.get("status") or {}).get("allocation"):
+                    self.state.upsert_claim(assumed)  # our allocation is still on its way
+                    return
+                del self._assumed[key]  # the server's version wins from here on
+            self.state.upsert_claim(obj)
+        elif kind is Kind.NODE:
+            self.state.upsert_node(str(obj["metadata"]["name"]), dict(obj["metadata"].get("labels") or {}))
+        elif kind is Kind.POD:
+            self._index_pod(key, obj)
+
+    def _on_removed(self, kind: Kind, key: ObjectKey, old: dict[str, Any]) -> None:
+        if kind is Kind.SLICE:
+            self.state.remove_slice(str(old["metadata"]["name"]))
+        elif kind is Kind.CLASS:
+            self.state.remove_class(str(old["metadata"]["name"]))
+        elif kind is Kind.CLAIM:
+            assumed = self._assumed.pop(key, None)
+            if assumed is not None and _uid(assumed) != _uid(old):
+                self.state.remove_claim(_uid(assumed))
+            self.state.remove_claim(_uid(old))
+        elif kind is Kind.NODE:
+            self.state.remove_node(str(old["metadata"]["name"]))
+        elif kind is Kind.POD:
+            self._unindex_pod(key)
+            self._drop_placement(key)
+
+    def _unindex_pod(self, key: ObjectKey) -> None:
+        gang = self._pod_gang.pop(key, None)
+        if gang is not None:
+            self._gang_pods[gang].discard(key)
+            if not self._gang_pods[gang]:
+                del self._gang_pods[gang]
+        for claim_key in self._pod_claims.pop(key, ()):
+            self._claim_users[claim_key].discard(key)
+            if not self._claim_users[claim_key]:
+                del self._claim_users[claim_key]
+        bound = self._bound.pop(key, None)
+        if bound is not None:
+            node, requests = bound
+            self._usage[node] = self._usage[node] - requests
+
+    def _drop_placement(self, key: ObjectKey) -> None:
+        placed = self._placed.pop(key, None)
+        if placed is not None:
+            node, requests = placed
+            self._usage[node] = self._usage[node] - requests
+
+    def _index_pod(self, key: ObjectKey, pod: dict[str, Any]) -> None:
+        self._unindex_pod(key)
+        if is_terminated(pod) or (pod.get("spec") or {}).get("nodeName"):
+            self._drop_placement(key)  # bound (now counted as bound) or finished
+        if is_terminated(pod):
+            return
+        ref = identify(pod, self.gang_sources)
+        if is_gated(pod) or ref.source is not None:
+            gang = self.gang_key(pod)
+            self._pod_gang[key] = gang
+            self._gang_pods[gang].add(key)
+        namespace = (pod.get("metadata") or {}).get("namespace")
+        refs = pod_claim_refs(pod)
+        if ref.source is GangSource.PODGROUP:  # claims shared through the PodGroup (KEP-5729)
+            spec = resolve(ref, self._lookup)
+            refs = tuple(podgroup_claim(pod, r, spec) if r.claim_name is None else r for r in refs)
+        claim_keys = tuple(ObjectKey(f"{namespace}/{r.claim_name}") for r in refs if r.claim_name)
+        self._pod_claims[key] = claim_keys
+        for claim_key in claim_keys:
+            self._claim_users[claim_key].add(key)
+        node = (pod.get("spec") or {}).get("nodeName")
+        if node:
+            requests = pod_requests(pod)
+            self._bound[key] = (node, requests)
+            self._usage[node] = self._usage[node] + requests
+
+    def assume_allocations(self, pairs: list[tuple[dict[str, Any], dict[str, Any]]]) -> None:
+        """Count each (claim, allocation) as allocated now, before the writers have written it."""
+        with self.lock:
+            for claim, allocation in pairs:
+                assumed = {**claim, "status": {**(claim.get("status") or {}), "allocation": allocation}}
+                self._assumed[object_key(claim)] = assumed
+                self.state.upsert_claim(assumed)
+
+    def forget_assumed(self, claim_keys: list[str]) -> None:
+        """Stop counting what we assumed for these claims (their writes failed): back to the server's."""
+        with self.lock:
+            for claim_key in claim_keys:
+                assumed = self._assumed.pop(ObjectKey(claim_key), None)
+                if assumed is None:
+                    continue
+                current = self._objects[Kind.CLAIM].get(ObjectKey(claim_key))
+                if current is None or _uid(current) != _uid(assumed):
+                    self.state.remove_claim(_uid(assumed))
+                if current is not None:
+                    self.state.upsert_claim(current)
+
+    def claim_as_counted(self, claim_key: str) -> dict[str, Any] | None:
+        """The claim as the allocator counts it: our assumed version while one is in flight."""
+        with self.lock:
+            key = ObjectKey(claim_key)
+            return self._assumed.get(key) or self._objects[Kind.CLAIM].get(key)
+
+    def forget_placement(self, pod_key: str) -> None:
+        with self.lock:
+            self._drop_placement(ObjectKey(pod_key))
+
+    def assume_placement(self, pod_key: str, node: str, requests: Resources) -> None:
+        """Count a pod we ungated on ``node`` until kube-scheduler binds it (or it goes away)."""
+        key = ObjectKey(pod_key)
+        with self.lock:
+            if key not in self._objects[Kind.POD] or key in self._bound:
+                return
+            self._drop_placement(key)
+            self._placed[key] = (node, requests)
+            self._usage[node] = self._usage[node] + requests
+
+    # -- reads (callers that need several to agree hold ``lock``) ------------------------------------
+
+    def get(self, kind: Kind, key: str) -> dict[str, Any] | None:
+        with self.lock:
+            return self._objects[kind].get(ObjectKey(key))
+
+    def objects(self, kind: Kind) -> list[dict[str, Any]]:
+        with self.lock:
+            return list(self._objects[kind].values())
+
+    def count(self, kind: Kind) -> int:
+        with self.lock:
+            return len(self._objects[kind])
+
+    def gang_pods(self, gang: GangKey) -> list[dict[str, Any]]:
+        with self.lock:
+            pods = [self._objects[Kind.POD][k] for k in self._gang_pods.get(gang, ())]
+        return sorted(pods, key=lambda p: str(p["metadata"]["name"]))
+
+    def gang_of_pod(self, pod_key: str) -> GangKey | None:
+        with self.lock:
+            return self._pod_gang.get(ObjectKey(pod_key))
+
+    def gated_gangs(self) -> list[GangKey]:
+        with self.lock:
+            return [
+                gang
+                for gang, keys in self._gang_pods.items()
+                if any(is_gated(self._objects[Kind.POD][k]) for k in keys)
+            ]
+
+    def claim_users(self, claim_key: str) -> list[dict[str, Any]]:
+        """Non-terminated pods whose spec (or template status) names this claim."""
+        with self.lock:
+            return [self._objects[Kind.POD][k] for k in self._claim_users.get(ObjectKey(claim_key), ())]
+
+    def node_usage(self, node: str) -> Resources:
+        """Requests of the non-terminated pods bound to ``node`` or placed there by us."""
+        with self.lock:
+            return self._usage.get(node, Resources())
