@@ -196,6 +196,8 @@ class PodBinder:
         if allocations is None:
             return  # the real scheduler retries as the cluster changes; so does this loop
         for claim, allocation in zip(pending, allocations, strict=True):
+            # kube-scheduler stamps the allocations it makes (DRADeviceBindingConditions, 1.37)
+            allocation = {**allocation, "allocationTimestamp": new_timestamp()}
             claim["status"] = {**(claim.get("status") or {}), "allocation": allocation}
             with api_errors(f"allocate ResourceClaim {namespace}/{claim['metadata']['name']}"):
                 resource.replace_namespaced_resource_claim_status(
@@ -292,6 +294,12 @@ class PodBinder:
             if any(r.get("uid") == pod_uid for r in reserved):
                 return
             reserved.append(entry)
+            # As kube-scheduler's PreBind does (1.37, DRADeviceBindingConditions on): an allocation
+            # that carries no allocationTimestamp gets one in the same status update; the server
+            # then refuses it (an allocation is immutable) unless whoever allocated stamped it.
+            allocation = raw["status"].get("allocation")
+            if allocation is not None and "allocationTimestamp" not in allocation:
+                allocation["allocationTimestamp"] = new_timestamp()
             try:
                 with api_errors(f"reserve ResourceClaim {namespace}/{name}"):
                     resource.replace_namespaced_resource_claim_status(

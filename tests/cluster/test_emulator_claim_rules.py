@@ -63,6 +63,31 @@ def test_allocation_is_set_once_then_only_cleared(resource: client.ResourceV1Api
 
 
 @pytest.mark.usefixtures("claim")
+def test_allocation_timestamp_is_a_time_and_part_of_the_immutable_allocation(
+    resource: client.ResourceV1Api,
+) -> None:
+    """As kube-apiserver: the stamp is stored as RFC 3339 UTC seconds whatever form it came in,
+    the same instant written another way is no change, and stamping an allocation afterwards is
+    one (what kube-scheduler's PreBind tries when the allocator left it out)."""
+    stamped = {**_allocation(), "allocationTimestamp": "2026-12-01T16:40:00+00:00"}
+    stored = _write_status(resource, {"allocation": stamped})
+    raw = resource.read_namespaced_resource_claim("claim", "default", _preload_content=False)
+    assert json.loads(raw.data)["status"]["allocation"]["allocationTimestamp"] == "2026-12-01T16:40:00Z"
+    assert stored.status.allocation.allocation_timestamp is not None
+    same_instant = {**_allocation(), "allocationTimestamp": "2026-12-01T16:40:00Z"}
+    _write_status(resource, {"allocation": same_instant, "reservedFor": [_consumer()]})
+    _write_status(resource, {"allocation": None, "reservedFor": None})
+    _write_status(resource, {"allocation": _allocation()})
+    with pytest.raises(client.ApiException) as caught:
+        _write_status(resource, {"allocation": stamped})
+    assert "status.allocation" in _invalid(caught)
+
+
+def _consumer() -> dict[str, str]:
+    return {"resource": "pods", "name": "app", "uid": "0c2fa7f5-6d7e-4a3e-9a73-2b7d0c1f4a11"}
+
+
+@pytest.mark.usefixtures("claim")
 def test_allocation_replace_with_stale_version_conflicts(resource: client.ResourceV1Api) -> None:
     stale = resource.read_namespaced_resource_claim("claim", "default")
     _write_status(resource, {"allocation": _allocation()})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 from driver.controller import FINALIZER, HINT_ANNOTATION
@@ -27,6 +28,25 @@ def test_gated_pod_with_a_share_is_allocated_and_ungated(
     assert result["consumedCapacity"]["memory"] == "12Gi"
     assert result["consumedCapacity"]["compute"] == "15"
     assert FINALIZER in claim["metadata"]["finalizers"]
+
+
+def test_the_written_allocation_carries_its_allocation_timestamp(
+    cluster: Cluster, controller: Callable[..., RunningController]
+) -> None:
+    """Learned on the real kube-scheduler 1.37.2: its PreBind stamps an allocation that has no
+    ``allocationTimestamp`` (DRADeviceBindingConditions is on by default) in the same status update
+    that reserves the claim for the pod; the apiserver refuses it ("status.allocation: field cannot
+    be modified once set"), and every pod we ungated stayed Pending. So we stamp it ourselves."""
+    cluster.add_node("node-a", "h100-8x")
+    cluster.create_claim(gpu_claim("stamped", memory="4Gi", compute=5))
+    cluster.create_pod(gated_pod("app", ["stamped"]))
+    before = datetime.now(UTC).replace(microsecond=0)
+    controller()
+    wait_for(lambda: cluster.ungated("app"), what="gate removed")
+    claim = cluster.claim("stamped")
+    assert claim is not None
+    stamp = datetime.fromisoformat(claim["status"]["allocation"]["allocationTimestamp"])
+    assert before <= stamp <= datetime.now(UTC)
 
 
 def _gang(

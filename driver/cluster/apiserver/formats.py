@@ -3,6 +3,7 @@ apiserver's validation helpers check them. Problems are (field, message) causes.
 
 from __future__ import annotations
 
+import datetime
 import re
 from decimal import Decimal
 from typing import Any
@@ -12,6 +13,7 @@ from kubernetes.utils.quantity import parse_quantity
 from driver.cluster.apiserver.store import ResourceType
 
 __all__ = [
+    "canonical_time",
     "Causes",
     "check_metadata",
     "dns_label",
@@ -31,6 +33,21 @@ _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _C_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+
+
+def canonical_time(value: Any) -> Any:
+    """A ``metav1.Time`` as kube-apiserver stores it whatever the client sent: RFC 3339 in UTC,
+    whole seconds (``2026-12-01T16:40:00+00:00`` and ``...16:40:00.5Z`` are both
+    ``2026-12-01T16:40:00Z``). A value that is no time is returned as it is, for the schema to judge."""
+    if not isinstance(value, str):
+        return value
+    try:
+        moment = datetime.datetime.fromisoformat(value)
+    except ValueError:
+        return value
+    if moment.tzinfo is None:
+        return value
+    return moment.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def go_quote(value: str) -> str:

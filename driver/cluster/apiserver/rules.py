@@ -13,6 +13,7 @@ from typing import Any
 from driver.cluster.apiserver import bodies
 from driver.cluster.apiserver.formats import (
     Causes,
+    canonical_time,
     check_metadata,
     dns_label,
     dns_subdomain,
@@ -331,6 +332,8 @@ def _check_claim_spec(spec: Obj, base: str, causes: Causes) -> None:
 
 def _check_claim_status(status: Obj, old_status: Obj, deleting: bool, causes: Causes) -> None:
     allocation, old_allocation = status.get("allocation"), old_status.get("allocation")
+    if allocation is not None and "allocationTimestamp" in allocation:  # compared as times, as stored
+        allocation["allocationTimestamp"] = canonical_time(allocation["allocationTimestamp"])
     if old_allocation is not None and allocation is not None and allocation != old_allocation:
         causes.append(("status.allocation", "Invalid value: field is immutable (it may only be cleared)"))
     results = ((allocation or {}).get("devices") or {}).get("results") or []

@@ -16,6 +16,7 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes import client
@@ -26,7 +27,7 @@ from driver.errors import FractionalError
 from driver.kube import REQUEST_TIMEOUT_SECONDS, api_errors
 from driver.kube.transport import JsonSender
 
-__all__ = ["ApiWriter", "HaltWrites", "RejectedObjectError", "WriteHook", "WriteRecord"]
+__all__ = ["ApiWriter", "HaltWrites", "RejectedObjectError", "WriteHook", "WriteRecord", "format_time"]
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +70,11 @@ def _decode(data: bytes) -> dict[str, Any]:
     return result
 
 
+def format_time(moment: datetime) -> str:
+    """A ``metav1.Time`` as the API writes it: RFC 3339, UTC, whole seconds."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 class ApiWriter:
     """Owns the worker thread's ``ApiClient``; every method returns the object as the server stored it."""
 
@@ -78,6 +84,7 @@ class ApiWriter:
         *,
         hook: WriteHook | None = None,
         fence: threading.Event | None = None,
+        now: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self._resource: Any = client.ResourceV1Api(
             api_client
@@ -86,6 +93,7 @@ class ApiWriter:
         self._sender = JsonSender(api_client)  # writes: our dicts as they are, on a lean connection
         self._hook = hook
         self._fence = fence
+        self._now = now
         self.writes = 0
 
     def close(self) -> None:
@@ -150,8 +158,14 @@ class ApiWriter:
         return stored
 
     def write_allocation(self, claim: dict[str, Any], allocation: dict[str, Any]) -> dict[str, Any]:
+        """Write ``status.allocation``, stamped with ``allocationTimestamp`` (when it was allocated)
+        unless it carries one. kube-scheduler stamps an allocation it finds without one when it
+        reserves the claim for the pod (DRADeviceBindingConditions, on by default from 1.37), and
+        an allocation is immutable: the server refused that write, and the pod never started."""
         body = copy.deepcopy(claim)
-        body.setdefault("status", {})["allocation"] = allocation
+        stamped = dict(allocation)
+        stamped.setdefault("allocationTimestamp", format_time(self._now()))
+        body.setdefault("status", {})["allocation"] = stamped
         self._check_fence()
         stored = self._replace_claim_status(body, "allocate")
         self._done("allocate", object_key(claim))
