@@ -197,6 +197,11 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hami-library", default=_env("--hami-library", None))
     p.add_argument("--mps-control", default=_env("--mps-control", "nvidia-cuda-mps-control"))
     p.add_argument("--health-file", default=_env("--health-file", None))
+    p.add_argument(
+        "--profile-node-label", default=_env("--profile-node-label", None), metavar="KEY",
+        help="fake backend: the label of this Node whose value names its profile (<value>.yaml beside "
+        "--profile, else a shipped profile); --profile when the Node has no such label",
+    )  # fmt: skip
     p.add_argument("--max-workers", type=int, default=_env_int("--max-workers", 16))
     p.add_argument(
         "--ignored-xids",
@@ -359,6 +364,7 @@ def build_plugin_config(args: argparse.Namespace) -> PluginConfig:
         hami_library=args.hami_library,
         mps_control=args.mps_control,
         health_file=args.health_file,
+        profile_node_label=args.profile_node_label or None,
         max_workers=args.max_workers,
         ignored_xids=_parse_xids(args.ignored_xids),
         health_resend_seconds=args.health_resend_seconds,

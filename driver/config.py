@@ -6,6 +6,7 @@ Nothing below ``cli.py`` reads ``os.environ``.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from driver.errors import ConfigError
@@ -55,6 +56,21 @@ def _check_port(flag: str, value: int) -> None:
         raise ConfigError(field=f"{flag} ({env_name(flag)})", problem=f"{value} is outside 0..65535")
 
 
+_LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def _check_label_key(flag: str, value: str) -> None:
+    """A Kubernetes label key: ``[prefix/]name``, the prefix a DNS subdomain of at most 253."""
+    prefix, slash, name = value.rpartition("/")
+    bad_prefix = bool(slash) and (len(prefix) > 253 or not _DNS_SUBDOMAIN.fullmatch(prefix))
+    if not _LABEL_NAME.fullmatch(name) or bad_prefix:
+        raise ConfigError(
+            field=f"{flag} ({env_name(flag)})",
+            problem=f"{value!r} is not a label key ([prefix/]name, e.g. fractional.dev/fake-profile)",
+        )
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DiscoverConfig:
     backend: str = "fake"
@@ -95,6 +111,9 @@ class PluginConfig:
     cdi_spec_check: bool = True  # real GPUs: warn when no nvidia.com/gpu CDI spec exists
     proc_root: str = "/proc"  # the host's /proc: GPU processes -> pods (per-share memory used)
     dcgm_metrics: bool = False  # also emit GPU figures under dcgm-exporter's names and labels
+    # fake backend: a label of the agent's own Node whose value names the profile to use
+    # (``<value>.yaml`` beside the --profile file, else a shipped profile); --profile without it
+    profile_node_label: str | None = None
 
     def __post_init__(self) -> None:
         if not self.node_name:
@@ -104,6 +123,13 @@ class PluginConfig:
         _check_port("--metrics-port", self.metrics_port)
         if self.backend == "fake" and not self.profile:
             raise ConfigError(field="--profile (FRACTIONAL_PROFILE)", problem="required with --backend fake")
+        if self.profile_node_label is not None:
+            _check_label_key("--profile-node-label", self.profile_node_label)
+            if self.backend != "fake":
+                raise ConfigError(
+                    field="--profile-node-label (FRACTIONAL_PROFILE_NODE_LABEL)",
+                    problem=f"only with --backend fake (the backend is {self.backend!r})",
+                )
         if self.max_workers < 2:
             raise ConfigError(field="--max-workers (FRACTIONAL_MAX_WORKERS)", problem="must be at least 2")
         _check_positive("--health-resend-seconds", self.health_resend_seconds)

@@ -1,6 +1,13 @@
 """The node agent: inventory, slices, the kubelet plugin sockets, probes, and a clean shutdown.
 
 Start-up order (``NodeAgent.start``):
+ 0. fake backend: choose the profile (``choose_fake_profile``). With ``--profile-node-label KEY`` the
+    API client is loaded first and the agent's own Node read: its label KEY names the profile
+    (``<value>.yaml`` in the directory of the ``--profile`` file, else a shipped profile), no such
+    label means ``--profile``. A Node that does not exist yet (the kubelet registers it) is read
+    again every second, logged once, for at most ``NODE_WAIT_SECONDS``; a stop meanwhile ends
+    ``start`` without serving. A value that names no profile is a ``ConfigError`` (exit 2). One
+    log line says which profile was chosen and why;
  1. discover the inventory; build the sharing backends; ``DeviceState`` restores what the
     checkpoint says is prepared (re-acquire shares, re-create missing CDI files); then MPS control
     daemons that no restored share needs (left by a crash mid-prepare) are stopped. With real GPUs
@@ -31,9 +38,11 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -41,8 +50,9 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from driver.config import PluginConfig
-from driver.errors import ConfigError, FractionalError
+from driver.errors import ConfigError, FractionalError, NotFoundError
 from driver.inventory.discover import discover_inventory
+from driver.inventory.fake import PROFILE_DIR, list_profiles, resolve_profile
 from driver.inventory.model import NodeInventory
 from driver.plugin.cdi import NVIDIA_TOOLKIT_KIND, STANDARD_SPEC_DIRS, ensure_cdi_root, find_spec_for_kind
 from driver.plugin.checkpoint import BOOT_ID_PATH, read_boot_id
@@ -77,13 +87,25 @@ if TYPE_CHECKING:
 
     from driver.publisher import SlicePublisher
 
-__all__ = ["NodeAgent", "check_toolkit_cdi_spec", "run_agent"]
+__all__ = [
+    "NodeAgent",
+    "ProfileChoice",
+    "check_toolkit_cdi_spec",
+    "choose_fake_profile",
+    "read_node_labels",
+    "run_agent",
+]
 
 log = logging.getLogger(__name__)
 
 STOP_GRACE_SECONDS = 5.0
 PROBE_TIMEOUT_SECONDS = 1.0
 REGISTRATION_WORKERS = 2
+NODE_RETRY_SECONDS = 1.0  # --profile-node-label: one GET of the Node a second while it is missing
+NODE_WAIT_SECONDS = 300.0  # ... and no longer: a Node that never appears is a wrong --node-name
+
+_PROFILE_LABEL_FLAG = "--profile-node-label (FRACTIONAL_PROFILE_NODE_LABEL)"
+_PROFILE_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")  # a label value, never a path
 
 
 def rdma_device_nodes(sysfs_root: str | Path, inventory: NodeInventory) -> dict[str, tuple[DeviceNode, ...]]:
@@ -120,6 +142,97 @@ def check_toolkit_cdi_spec(directories: Sequence[str | Path]) -> Path | None:
     return found
 
 
+@dataclass(frozen=True, slots=True)
+class ProfileChoice:
+    """The fake profile the agent loads and why: ``reason`` is ``--profile`` (no
+    ``--profile-node-label``), ``node has no label`` or ``node label`` (``label_value`` names it)."""
+
+    path: Path
+    reason: str
+    label_value: str | None = None
+
+
+def choose_fake_profile(
+    *, profile: str, label: str | None, labels: Mapping[str, str], node: str
+) -> ProfileChoice:
+    """The profile of a fake node (pure but for looking at files): with ``label`` set and present
+    in the Node's ``labels``, ``<value>.yaml`` in the directory of the ``profile`` file, else the
+    shipped profile ``<value>``; otherwise ``profile`` (a file or a shipped name).
+
+    Raises ``ConfigError`` naming the node, the label, the value and the known names when the
+    value names no profile, ``InventoryError`` when ``profile`` itself names none."""
+    default = resolve_profile(profile)
+    if label is None:
+        return ProfileChoice(path=default, reason="--profile")
+    value = labels.get(label)
+    if value is None:
+        return ProfileChoice(path=default, reason="node has no label")
+    directory = default.parent
+    if _PROFILE_NAME.fullmatch(value):
+        for candidate in (directory / f"{value}.yaml", PROFILE_DIR / f"{value}.yaml"):
+            if candidate.is_file():
+                return ProfileChoice(path=candidate, reason="node label", label_value=value)
+    known = sorted({path.stem for path in directory.glob("*.yaml") if path.is_file()} | set(list_profiles()))
+    raise ConfigError(
+        field=_PROFILE_LABEL_FLAG,
+        problem=f"Node {node!r} has label {label}={value!r}, which names no profile: neither "
+        f"{directory}/{value}.yaml nor a shipped profile of that name exists "
+        f"(known: {', '.join(known) or 'none'})",
+    )
+
+
+def read_node_labels(
+    configuration: client.Configuration,
+    node: str,
+    stop: threading.Event,
+    *,
+    retry_seconds: float | None = None,
+    timeout_seconds: float | None = None,
+) -> dict[str, str] | None:
+    """The labels of Node ``node``; None when ``stop`` is set first.
+
+    While the Node does not exist yet (the kubelet registers it) or cannot be read (the API not
+    up, RBAC not bound yet), it is read again every ``retry_seconds`` (``NODE_RETRY_SECONDS``),
+    logged once, for at most ``timeout_seconds`` (``NODE_WAIT_SECONDS``); then a Node still
+    missing is a ``ConfigError`` naming ``--node-name``, another failure is raised as it is."""
+    from driver.kube.client import get_json, new_api_client
+    from driver.kube.errors import api_errors
+
+    retry = NODE_RETRY_SECONDS if retry_seconds is None else retry_seconds
+    timeout = NODE_WAIT_SECONDS if timeout_seconds is None else timeout_seconds
+    deadline = time.monotonic() + timeout
+    waited = False
+    with new_api_client(configuration) as api_client:
+        while not stop.is_set():
+            try:
+                with api_errors(f"get Node {node}"):
+                    found = get_json(api_client, f"/api/v1/nodes/{node}", what=f"get Node {node}")
+            except FractionalError as error:
+                if not waited:
+                    waited = True
+                    log.log(
+                        logging.INFO if isinstance(error, NotFoundError) else logging.WARNING,
+                        "waiting for the Node: its labels choose the fake profile",
+                        extra={"node": node, "error": str(error), "retry_seconds": retry},
+                    )
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    if isinstance(error, NotFoundError):
+                        raise ConfigError(
+                            field="--node-name (FRACTIONAL_NODE_NAME)",
+                            problem=f"no Node {node!r} appeared within {timeout:g} s "
+                            f"(--profile-node-label reads its labels)",
+                        ) from error
+                    raise
+                stop.wait(min(retry, remaining))
+                continue
+            if waited:
+                log.info("node found", extra={"node": node})
+            labels = (found.get("metadata") or {}).get("labels") or {}
+            return {str(key): str(value) for key, value in labels.items()}
+    return None
+
+
 def _open_nvml() -> ModuleType:
     import pynvml
 
@@ -136,7 +249,8 @@ class NodeAgent:
     ``publish_slices=False`` skips the slice publisher (tests of the kubelet side only).
     ``write_claim_status``: write ``status.devices`` after prepare; default: as ``publish_slices``
     (an agent that publishes nothing, in tests of the kubelet side and benchmarks, reads claims
-    but writes nothing to the API).
+    but writes nothing to the API). ``stop_event``: the event that stops the agent's threads and
+    ends a wait in ``start`` (``fractional plugin`` passes its SIGTERM event); default: its own.
     """
 
     def __init__(
@@ -150,13 +264,14 @@ class NodeAgent:
         effect_hook: EffectHook | None = None,
         publish_slices: bool = True,
         write_claim_status: bool | None = None,
+        stop_event: threading.Event | None = None,
     ) -> None:
         self.config = config
         self.paths: SocketPaths = socket_paths(
             registry_dir=config.registry_dir, plugin_dir=config.plugin_dir, pod_uid=config.pod_uid
         )
         self.registration = RegistrationStatus()
-        self.stop_event = threading.Event()
+        self.stop_event = threading.Event() if stop_event is None else stop_event
         self._kube_configuration = kube_configuration
         self._inventory = inventory
         self._claims = claims
@@ -195,7 +310,9 @@ class NodeAgent:
         return self._probe.port if self._probe is not None else None
 
     def start(self) -> None:
-        """Everything up to a serving registration socket; raises (after cleaning up) on failure."""
+        """Everything up to a serving registration socket; raises (after cleaning up) on failure.
+        Returns without serving when the stop event is set while it waits for the Node
+        (``--profile-node-label``)."""
         try:
             self._start()
         except BaseException:
@@ -206,9 +323,15 @@ class NodeAgent:
         config = self.config
         started = time.perf_counter()
         if self._inventory is None:
+            profile = config.profile
+            if config.backend == "fake":
+                choice = self._choose_fake_profile()
+                if choice is None:
+                    return  # stopped while waiting for the Node
+                profile = str(choice.path)
             self._inventory = discover_inventory(
                 backend=config.backend,
-                profile=config.profile,
+                profile=profile,
                 sysfs_root=config.sysfs_root,
                 node_name=config.node_name,
             )
@@ -334,6 +457,35 @@ class NodeAgent:
                 checks={"/healthz": self.check_liveness, "/readyz": self.check_readiness},
             )
             self._probe.start()
+
+    def _choose_fake_profile(self) -> ProfileChoice | None:
+        """The profile to load (None: stopped while waiting for the Node), logged in one line."""
+        config = self.config
+        assert config.profile is not None  # PluginConfig requires it with --backend fake
+        labels: dict[str, str] = {}
+        if config.profile_node_label is not None:
+            if self._kube_configuration is None:
+                from driver.kube.client import load_configuration
+
+                self._kube_configuration = load_configuration(config.kubeconfig)
+            read = read_node_labels(self._kube_configuration, config.node_name, self.stop_event)
+            if read is None:
+                return None
+            labels = read
+        choice = choose_fake_profile(
+            profile=config.profile, label=config.profile_node_label, labels=labels, node=config.node_name
+        )
+        log.info(
+            "fake profile chosen",
+            extra={
+                "node": config.node_name,
+                "profile": str(choice.path),
+                "reason": choice.reason,
+                "label": config.profile_node_label,
+                "label_value": choice.label_value,
+            },
+        )
+        return choice
 
     def _require_configuration(self) -> client.Configuration:
         if self._kube_configuration is None:
@@ -482,7 +634,7 @@ def _build_gpu_metrics(
 def run_agent(config: PluginConfig, stop: threading.Event) -> int:
     """``fractional plugin``: run until ``stop`` (SIGTERM/SIGINT), then shut down cleanly; 0."""
     limit_malloc_arenas()
-    agent = NodeAgent(config)
+    agent = NodeAgent(config, stop_event=stop)  # SIGTERM also ends a wait for the Node in start
     agent.start()
     try:
         stop.wait()

@@ -105,9 +105,10 @@ GRANTS: tuple[Grant, ...] = (
         "nodes",
         ("get",),
         "the Node owner reference of each ResourceSlice needs the node's UID (as upstream kubeletplugin's "
-        "PublishResources); cluster-wide: resourceNames cannot differ per node and admission never sees "
-        "reads (docs/install.md, Admission policies)",
-        _PUBLISHER,
+        "PublishResources); with --profile-node-label the agent also reads its Node's labels once at start "
+        "(driver/plugin/agent.py); cluster-wide: resourceNames cannot differ per node and admission never "
+        "sees reads (docs/install.md, Admission policies)",
+        (*_PUBLISHER, "driver/plugin/agent.py"),
     ),
     # -- controller ---------------------------------------------------------------------------
     Grant(

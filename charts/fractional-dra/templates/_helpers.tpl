@@ -90,3 +90,42 @@ nvidia.com/gpu.present: "true"
 {{- end -}}
 {{- sortAlpha $names | join "," -}}
 {{- end -}}
+
+{{/*
+apiServer.host / apiServer.port as the variables in-cluster configuration reads. A container's own
+variables override the ones the kubelet injects for the kubernetes Service, so both components
+reach the API server without kube-proxy. Renders nothing when apiServer.host is empty.
+*/}}
+{{- define "fractional-dra.apiServerEnv" -}}
+{{- if and (not .Values.apiServer.host) (ne (toString .Values.apiServer.port) "") -}}
+{{- fail "apiServer.port needs apiServer.host: without a host the pods use the kubernetes Service" -}}
+{{- end -}}
+{{- if .Values.apiServer.host -}}
+# apiServer.host: in-cluster configuration talks to this address instead of the kubernetes Service.
+- name: KUBERNETES_SERVICE_HOST
+  value: {{ .Values.apiServer.host | quote }}
+- name: KUBERNETES_SERVICE_PORT
+  value: {{ ternary "443" (toString .Values.apiServer.port) (eq (toString .Values.apiServer.port) "") | quote }}
+{{- end }}
+{{- end -}}
+
+{{/* hostNetwork of one component: include with (dict "enabled" .Values.agent.hostNetwork). */}}
+{{- define "fractional-dra.hostNetworkPod" -}}
+{{- if .enabled -}}
+# On the node's network (no pod network or kube-proxy needed); cluster DNS still first.
+hostNetwork: true
+dnsPolicy: ClusterFirstWithHostNet
+{{- end }}
+{{- end -}}
+
+{{/* The metrics/probe address on the node's network: the node's IP, not every address of a host
+that other nodes may share. Include with (dict "enabled" .Values.agent.hostNetwork). */}}
+{{- define "fractional-dra.hostNetworkEnv" -}}
+{{- if .enabled -}}
+# hostNetwork: serve on the node's IP only; the kubelet probes the pod IP, which is the node's.
+- name: FRACTIONAL_METRICS_HOST
+  valueFrom:
+    fieldRef:
+      fieldPath: status.hostIP
+{{- end }}
+{{- end -}}
