@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # The image `make image` builds (podman stores it as localhost/$(IMAGE)); the chart and kind use it.
 IMAGE ?= fractional-dra:dev
 
-.PHONY: demo test lint bench proto image image-test kind-up kind-e2e kind-down clean
+.PHONY: demo test lint bench proto image image-test cluster-up cluster-down e2e kind-up kind-e2e kind-down clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -40,6 +40,19 @@ image: $(STAMP)
 # The agent and the controller from the image against the embedded API on the host (tests/image).
 image-test: image
 	IMAGE=$(IMAGE) PYTHON=$(PY) hack/image-test.sh
+
+# A real cluster on this machine, from upstream's Go modules (hack/upstream-build.sh, cached in
+# ~/.cache/fractional-dra): etcd, kube-apiserver, kube-controller-manager, kube-scheduler and two
+# kubelet nodes with containerd, then `helm install` of the driver. K8S_VERSION=1.36.3|1.35.4.
+cluster-up: $(STAMP)
+	$(PY) hack/localcluster up
+
+cluster-down:
+	@if test -x $(PY); then $(PY) hack/localcluster down; else $(PYTHON) hack/localcluster down; fi
+
+# tests/e2e against the cluster KUBECONFIG names; without one, the local cluster, up then down.
+e2e: $(STAMP)
+	PYTHON=$(PY) hack/e2e.sh
 
 kind-up: $(STAMP)
 	IMAGE=$(IMAGE) hack/kind-up.sh

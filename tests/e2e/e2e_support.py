@@ -1,7 +1,10 @@
-"""kubectl-driven helpers for the kind end-to-end tests (``make kind-up`` then ``make kind-e2e``).
+"""kubectl-driven helpers for the end-to-end tests, on any real cluster with the driver installed.
 
-Everything goes through ``kubectl --context kind-fractional-dra`` (override with
-``FRACTIONAL_E2E_CONTEXT``), so the tests exercise the cluster exactly as a user would.
+``make e2e`` runs them on the local cluster of upstream binaries (``hack/localcluster``; KUBECONFIG
+is set to ``.cluster/kubeconfig``) or on the cluster ``KUBECONFIG`` names; ``make kind-e2e`` on the
+kind cluster of ``make kind-up``. Everything goes through ``kubectl`` (the context
+``FRACTIONAL_E2E_CONTEXT`` when set, else the kubeconfig's current one when KUBECONFIG is set, else
+``kind-fractional-dra``), so the tests exercise the cluster exactly as a user would.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 __all__ = [
@@ -20,21 +24,32 @@ __all__ = [
     "DRIVER",
     "DRIVER_IMAGE",
     "IMAGE",
+    "LOCAL_CLUSTER",
     "KubectlError",
+    "REPO_ROOT",
     "apply",
+    "cdi_files",
     "cluster_problem",
     "get",
     "kubectl",
     "list_items",
+    "node_dir",
     "pod",
     "pod_env",
     "wait_for",
 ]
 
-CONTEXT = os.environ.get("FRACTIONAL_E2E_CONTEXT", "kind-fractional-dra")
+CONTEXT: str | None = os.environ.get("FRACTIONAL_E2E_CONTEXT") or (
+    None if os.environ.get("KUBECONFIG") else "kind-fractional-dra"
+)
+# The local cluster (hack/localcluster): its nodes' directories are on this machine.
+LOCAL_CLUSTER = os.environ.get("FRACTIONAL_E2E_LOCAL_CLUSTER") == "1"
 IMAGE = os.environ.get("FRACTIONAL_E2E_IMAGE", "busybox:1.36")
-# The driver's image: what `make image` builds and `make image-test` ran, loaded by kind-up.
-DRIVER_IMAGE = os.environ.get("FRACTIONAL_E2E_DRIVER_IMAGE", "fractional-dra:dev")
+# The driver's image: what `make image` builds and `make image-test` ran, loaded by kind-up and by
+# the local cluster (podman names it localhost/fractional-dra:dev).
+DRIVER_IMAGE = os.environ.get(
+    "FRACTIONAL_E2E_DRIVER_IMAGE", "localhost/fractional-dra:dev" if LOCAL_CLUSTER else "fractional-dra:dev"
+)
 DRIVER = "fractional.dev"
 
 T = TypeVar("T")
@@ -45,7 +60,7 @@ class KubectlError(RuntimeError):
 
 
 def kubectl(*args: str, stdin: str | None = None, timeout: float = 60) -> str:
-    command = ["kubectl", "--context", CONTEXT, *args]
+    command = ["kubectl", *(("--context", CONTEXT) if CONTEXT else ()), *args]
     done = subprocess.run(command, input=stdin, capture_output=True, text=True, timeout=timeout, check=False)
     if done.returncode != 0:
         raise KubectlError(f"{' '.join(command)}: {done.stderr.strip() or done.stdout.strip()}")
@@ -59,12 +74,33 @@ def cluster_problem() -> str | None:
     try:
         kubectl("get", "--raw", "/readyz", timeout=15)
     except (KubectlError, subprocess.TimeoutExpired) as error:
-        return f"no reachable cluster in kubectl context {CONTEXT} (run `make kind-up`): {error}"
+        return (
+            f"no reachable cluster in kubectl context {CONTEXT or 'of KUBECONFIG'} (run `make e2e`): {error}"
+        )
     try:
         kubectl("get", "deviceclass", "gpu.fractional.dev", "-o", "name", timeout=15)
     except KubectlError as error:
-        return f"fractional-dra is not installed in {CONTEXT} (run `make kind-up`): {error}"
+        return f"fractional-dra is not installed in {CONTEXT or 'the cluster'} (run `make e2e`): {error}"
     return None
+
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def node_dir(node: str) -> Path:
+    """A node's own directory on this machine (the local cluster only): its ``cdi/`` is the node's
+    ``/var/run/cdi`` and its ``kubelet/`` the node's ``/var/lib/kubelet``."""
+    return REPO_ROOT / ".cluster" / "nodes" / ("node-" + node.replace(".", "-"))
+
+
+def cdi_files(node: str) -> set[str]:
+    """Names of our CDI spec files on ``node`` (``k8s.fractional.dev-<class>_<claimUID>.json``)."""
+    if LOCAL_CLUSTER:
+        return {p.name for p in (node_dir(node) / "cdi").glob("k8s.fractional.dev-*")}
+    listed = subprocess.run(
+        ["docker", "exec", node, "sh", "-c", "ls /var/run/cdi"], capture_output=True, text=True, check=False
+    )
+    return {name for name in listed.stdout.split() if name.startswith("k8s.fractional.dev-")}
 
 
 def apply(objects: list[dict[str, Any]], namespace: str) -> None:

@@ -1,0 +1,75 @@
+"""``python hack/localcluster up|down|status``: the local cluster of upstream binaries (cluster.py).
+
+up [--control-plane-only] [--no-driver]
+        start it (K8S_VERSION picks the release, default 1.37.2): the control plane, two
+        kubelet nodes with their containerd, then `helm install` of the driver; prints the
+        admin kubeconfig's path (.cluster/kubeconfig)
+down    stop everything it started and remove what it wrote (.cluster/, /run/fractional-cluster)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from localcluster.cluster import DEFAULT_VERSION, Binaries, ClusterError, LocalCluster
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="localcluster", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    up = sub.add_parser("up")
+    up.add_argument(
+        "--control-plane-only", action="store_true", help="etcd, apiserver, controller-manager, scheduler"
+    )
+    up.add_argument("--no-driver", action="store_true", help="nodes, but no helm install of the driver")
+    sub.add_parser("down")
+    sub.add_parser("reload")
+    args = parser.parse_args(argv)
+    version = os.environ.get("K8S_VERSION", DEFAULT_VERSION).lstrip("v")
+    try:
+        cluster = LocalCluster(version=version)
+        if args.command == "reload":
+            from localcluster.driver import reload_driver
+
+            reload_driver(cluster, Binaries.build(version, "node"))
+            print("cluster-reload: the driver runs the image just built")
+            return 0
+        if args.command == "down":
+            for line in cluster.down():
+                print(f"cluster-down: {line}")
+            return 0
+        components = "control-plane" if args.control_plane_only else "all"
+        binaries = Binaries.build(version, components)
+        try:
+            cluster.up_control_plane(binaries)
+            if not args.control_plane_only:
+                from localcluster.node import up_nodes
+
+                up_nodes(cluster, binaries, with_driver_image=not args.no_driver)
+                if not args.no_driver:
+                    from localcluster.driver import install_driver
+
+                    install_driver(cluster)
+        except BaseException:
+            print("cluster-up: failed; stopping what was started", file=sys.stderr)
+            cluster.down()
+            raise
+    except ClusterError as error:
+        print(f"cluster-up: {error}", file=sys.stderr)
+        return 1
+    print(
+        f"cluster-up: Kubernetes v{version} at {cluster.apiserver_url}; {len(cluster.nodes)} nodes"
+        if not args.control_plane_only
+        else f"cluster-up: Kubernetes v{version} control plane at {cluster.apiserver_url}"
+    )
+    print(f"cluster-up: export KUBECONFIG={cluster.kubeconfig}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,119 @@
+"""Processes the local cluster starts, recorded in a state file so another process can stop them.
+
+Each process runs in its own session (a signal to the cluster never reaches the caller's shell),
+writes to its own log file, and is recorded with its start time (a recycled pid is never killed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+__all__ = ["Process", "Processes", "mount_namespace_members", "process_start_time"]
+
+
+def process_start_time(pid: int) -> str | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text(encoding="utf-8")
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]  # field 22: starttime, after the comm in parentheses
+
+
+@dataclass(frozen=True, slots=True)
+class Process:
+    name: str
+    pid: int
+    start_time: str
+    log: str
+
+    def alive(self) -> bool:
+        return process_start_time(self.pid) == self.start_time
+
+
+def mount_namespace_members(inode: str) -> list[int]:
+    """Every process whose mount namespace is ``inode`` (``mnt:[N]``)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.readlink(entry / "ns" / "mnt") == inode:
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+class Processes:
+    """The processes of one cluster, in start order, persisted in ``state_file``."""
+
+    def __init__(self, state_file: Path, log_dir: Path) -> None:
+        self.state_file = state_file
+        self.log_dir = log_dir
+        self.entries: list[Process] = []
+        self.extra: dict[str, object] = {}
+        self._children: dict[int, subprocess.Popen[bytes]] = {}  # the ones this instance started
+        if state_file.exists():
+            data = json.loads(state_file.read_text(encoding="utf-8"))
+            self.entries = [Process(**entry) for entry in data.get("processes", [])]
+            self.extra = data.get("extra", {})
+
+    def save(self) -> None:
+        self.state_file.parent.mkdir(parents=True, exist_ok=True)
+        data = {"processes": [asdict(p) for p in self.entries], "extra": self.extra}
+        temporary = self.state_file.with_suffix(".tmp")
+        temporary.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+        temporary.replace(self.state_file)
+
+    def start(
+        self, name: str, argv: Sequence[str], *, env: dict[str, str] | None = None, cwd: Path | None = None
+    ) -> Process:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        log = self.log_dir / f"{name}.log"
+        with log.open("ab") as out:
+            child = subprocess.Popen(
+                list(argv), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                env=env, cwd=cwd, start_new_session=True,
+            )  # fmt: skip
+        start_time = None
+        for _ in range(100):
+            start_time = process_start_time(child.pid)
+            if start_time is not None:
+                break
+            time.sleep(0.01)
+        self._children[child.pid] = child
+        process = Process(name, child.pid, start_time or "", str(log))
+        self.entries.append(process)
+        self.save()
+        return process
+
+    def get(self, name: str) -> Process | None:
+        return next((p for p in self.entries if p.name == name), None)
+
+    def stop(self, process: Process, *, grace_seconds: float = 10.0) -> None:
+        if process.alive():
+            _signal(process.pid, signal.SIGTERM)
+            deadline = time.monotonic() + grace_seconds
+            while process.alive() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if process.alive():
+                _signal(process.pid, signal.SIGKILL)
+        child = self._children.pop(process.pid, None)
+        if child is not None:  # our own child: reap it
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.wait(timeout=1)
+        self.entries = [p for p in self.entries if p is not process and p.pid != process.pid]
+        self.save()
+
+
+def _signal(pid: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signum)
