@@ -13,6 +13,7 @@ __all__ = [
     "ConflictError",
     "FractionalError",
     "InventoryError",
+    "NamespaceTerminatingError",
     "NotFoundError",
     "TransientError",
 ]
@@ -73,3 +74,8 @@ class ConflictError(TransientError):
 
 class NotFoundError(FractionalError):
     """404 Not Found from the API."""
+
+
+class NamespaceTerminatingError(FractionalError):
+    """403 from a write into a namespace being deleted (the apiserver's cause NamespaceTerminating):
+    nothing new can be created there, and what it holds is going away."""

@@ -9,7 +9,13 @@ from collections.abc import Iterator
 import urllib3.exceptions
 from kubernetes.client.exceptions import ApiException
 
-from driver.errors import ConflictError, FractionalError, NotFoundError, TransientError
+from driver.errors import (
+    ConflictError,
+    FractionalError,
+    NamespaceTerminatingError,
+    NotFoundError,
+    TransientError,
+)
 
 __all__ = ["api_errors", "check_response_status", "translate_api_exception"]
 
@@ -37,7 +43,18 @@ def translate_api_exception(error: ApiException, what: str) -> FractionalError:
         return ConflictError(message)
     if status == 429 or status >= 500 or status == 0:
         return TransientError(message)
+    if status == 403 and _has_cause(error, "NamespaceTerminating"):
+        return NamespaceTerminatingError(message)
     return FractionalError(message)
+
+
+def _has_cause(error: ApiException, reason: str) -> bool:
+    try:
+        body = json.loads(error.body or "{}")
+        causes = (body.get("details") or {}).get("causes") or []
+        return any(isinstance(c, dict) and c.get("reason") == reason for c in causes)
+    except (ValueError, TypeError, AttributeError, RecursionError):
+        return False
 
 
 @contextlib.contextmanager

@@ -16,7 +16,7 @@ from kubernetes import client
 
 from driver.controller.model.decode import bounded
 from driver.controller.model.objects import HINT_ANNOTATION, GangKey
-from driver.errors import ConflictError
+from driver.errors import ConflictError, NamespaceTerminatingError
 from driver.kube import REQUEST_TIMEOUT_SECONDS, api_errors
 
 __all__ = [
@@ -166,7 +166,8 @@ class EventRecorder:
         if not self._memory.claim(f"gang:{gang}", message):
             return False
         try:
-            self._emit(pod, reason=reason, message=message)
+            if not self._emit(pod, reason=reason, message=message):
+                return False
             if also is not None and also.get("name") and also.get("kind"):
                 target = {"metadata": {"name": also["name"], "namespace": also.get("namespace") or
                                        pod["metadata"]["namespace"], "uid": also.get("uid")}}  # fmt: skip
@@ -202,7 +203,8 @@ class EventRecorder:
 
     def _emit(
         self, obj: dict[str, Any], *, reason: str, message: str, kind: str = "Pod", api_version: str = ""
-    ) -> None:
+    ) -> bool:
+        """Create the Event; False when its namespace is being deleted (nothing to tell there)."""
         meta = obj["metadata"]
         now = _now()
         body = {
@@ -226,11 +228,18 @@ class EventRecorder:
             "lastTimestamp": now,
             "count": 1,
         }
-        with api_errors(f"create Event for {kind} {meta['namespace']}/{meta['name']}"):
-            self._core.create_namespaced_event(
-                meta["namespace"], body, _preload_content=False, _request_timeout=REQUEST_TIMEOUT_SECONDS
-            )
+        try:
+            with api_errors(f"create Event for {kind} {meta['namespace']}/{meta['name']}"):
+                self._core.create_namespaced_event(
+                    meta["namespace"], body, _preload_content=False, _request_timeout=REQUEST_TIMEOUT_SECONDS
+                )
+        except NamespaceTerminatingError:
+            # Nothing can be created there any more, and its pods are going: the Event is moot. Seen
+            # on kube-apiserver 1.37.2: retrying it kept a gang's key in the queue at ~5 passes/s.
+            log.info("event dropped: namespace terminating", extra={"namespace": meta["namespace"]})
+            return False
         self.emitted += 1
+        return True
 
     def publish_provisioning_request(
         self, gang: GangKey, pods: list[dict[str, Any]], provisioning_class: str
