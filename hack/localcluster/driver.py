@@ -6,7 +6,6 @@ label), the agent and the controller on the host network, reaching the apiserver
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import time
 from typing import Any
@@ -68,7 +67,6 @@ def reload_driver(cluster: LocalCluster, binaries: Binaries) -> None:
     """Rebuild the image, import it into every node, and restart the agent and the controller."""
     from localcluster.images import load_images
 
-    os.environ["IMAGE_REBUILD"] = "1"
     load_images(cluster, binaries, with_driver=True)
     kubectl = kubectl_command(cluster)
     selector = ["-n", NAMESPACE, "-l", "app.kubernetes.io/part-of=fractional-dra"]
