@@ -324,6 +324,24 @@ def test_deleting_a_namespace_deletes_its_content_then_itself(kubectl: Kubectl) 
     assert f'namespaces "{namespace}" not found' in gone.stderr
 
 
+def test_a_namespace_made_by_kubectl_create_keeps_its_content_until_it_is_deleted(
+    kubectl: Kubectl, api_server: APIServer
+) -> None:
+    """kubectl create namespace sends spec: {}; kube-apiserver adds the kubernetes finalizer all the
+    same, so deleting the namespace deletes what is in it first (the emulator removed it at once
+    and left its pods, claims and GPU shares behind)."""
+    name = f"created-{kubectl.suffix}"
+    kubectl.run("create", "namespace", name)
+    spec = json.loads(kubectl.run("get", "namespace", name, "-o", "json").stdout)["spec"]
+    assert spec == {"finalizers": ["kubernetes"]}
+    kubectl.apply(_config_map("content", name))
+    kubectl.run("delete", "namespace", name, "--wait=true", "--timeout=60s")
+    leftover = kubectl.run(
+        "get", "configmaps", "-A", "--field-selector", f"metadata.namespace={name}", "-o", "name"
+    )
+    assert leftover.stdout.strip() == ""
+
+
 def test_deleting_a_namespace_shows_terminating(kubectl: Kubectl, api_server: APIServer) -> None:
     namespace = _namespace(kubectl, "terminating")
     kubectl.apply(_config_map("content", namespace))

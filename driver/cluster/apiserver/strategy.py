@@ -156,7 +156,13 @@ def prepare_create(rtype: ResourceType, obj: Obj, validate: Validate) -> Obj:
         defaults = build_namespace(obj["metadata"]["name"])
         labels = {**(obj["metadata"].get("labels") or {}), **defaults["metadata"]["labels"]}
         obj = {**obj, "metadata": {**obj["metadata"], "labels": labels}, "status": {"phase": "Active"}}
-        obj.setdefault("spec", defaults["spec"])
+        # As kube-apiserver's namespace strategy: the kubernetes finalizer is added on create
+        # whatever the client sent (kubectl create namespace sends spec: {}), so that deleting a
+        # namespace deletes its content first.
+        finalizers = list((obj.get("spec") or {}).get("finalizers") or [])
+        if "kubernetes" not in finalizers:
+            finalizers.append("kubernetes")
+        obj["spec"] = {**(obj.get("spec") or {}), "finalizers": finalizers}
     if rtype.plural == "jobs":
         obj = _default_job(obj)
     elif rtype.plural in ("deployments", "replicasets"):
