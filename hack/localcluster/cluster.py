@@ -42,19 +42,23 @@ RUN_ROOT = Path("/run/fractional-cluster")  # short paths: a unix socket path ha
 # Feature gates and API versions per release, the same on every component (a gate off on the
 # apiserver drops the fields; the scheduler allocates; the controller-manager runs the DRA controllers).
 RELEASES: dict[str, tuple[dict[str, bool], tuple[str, ...]]] = {
+    # GenericWorkload is beta but off (GangScheduling merged into it); DeviceTaintRule is GA in v1.
     "1.37": ({"GenericWorkload": True}, ("scheduling.k8s.io/v1beta1=true",)),
+    # DeviceTaintRule is beta and off, served in v1beta2 only.
     "1.36": (
-        {"GenericWorkload": True, "GangScheduling": True},
-        ("scheduling.k8s.io/v1alpha2=true",),
+        {"GenericWorkload": True, "GangScheduling": True, "DRADeviceTaintRules": True},
+        ("scheduling.k8s.io/v1alpha2=true", "resource.k8s.io/v1beta2=true"),
     ),
+    # Consumable capacity, device taints and DeviceTaintRule (v1alpha3) are alpha.
     "1.35": (
         {
             "DRAConsumableCapacity": True,
             "DRADeviceTaints": True,
+            "DRADeviceTaintRules": True,
             "GenericWorkload": True,
             "GangScheduling": True,
         },
-        ("scheduling.k8s.io/v1alpha1=true",),
+        ("scheduling.k8s.io/v1alpha1=true", "resource.k8s.io/v1alpha3=true"),
     ),
 }
 DEFAULT_VERSION = "1.37.2"
@@ -102,14 +106,13 @@ class Binaries:
 
     @classmethod
     def build(cls, version: str, components: str) -> Binaries:
+        """The binaries of ``version``: found cached (``--print-env``, which takes no lock, so a
+        build of another release running meanwhile does not hold us up), else built."""
         env = dict(os.environ, K8S_VERSION=version, COMPONENTS=components)
-        result = subprocess.run(
-            [str(REPO_ROOT / "hack" / "upstream-build.sh")],
-            env=env,
-            capture_output=True,
-            text=True,
-            check=False,
-        )
+        script = str(REPO_ROOT / "hack" / "upstream-build.sh")
+        result = subprocess.run([script, "--print-env"], env=env, capture_output=True, text=True, check=False)
+        if result.returncode != 0:
+            result = subprocess.run([script], env=env, capture_output=True, text=True, check=False)
         if result.returncode != 0:
             raise ClusterError(f"hack/upstream-build.sh failed:\n{result.stderr[-3000:]}")
         found: dict[str, str] = {}

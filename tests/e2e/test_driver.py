@@ -592,6 +592,16 @@ def test_a_killed_agent_comes_back_and_prepares_nothing_twice(namespace: str) ->
     assert pod_env("after", namespace)["FRACTIONAL_CLAIM_UID"] != uid
 
 
+def _served_version(group: str, plural: str) -> str:
+    """The newest version of ``group`` that serves ``plural`` (DeviceTaintRule: v1 from 1.37,
+    v1beta2 in 1.36, v1alpha3 in 1.35)."""
+    for entry in json.loads(kubectl("get", "--raw", f"/apis/{group}"))["versions"]:
+        resources = json.loads(kubectl("get", "--raw", f"/apis/{entry['groupVersion']}"))["resources"]
+        if any(r["name"] == plural for r in resources):
+            return str(entry["version"])
+    pytest.skip(f"the server serves no {group} {plural}")
+
+
 def test_a_no_execute_device_taint_evicts_the_gpus_pods_and_new_pods_avoid_it(namespace: str) -> None:
     first = min(our_slices(), key=lambda s: s["spec"]["nodeName"])
     node, pool = first["spec"]["nodeName"], first["spec"]["pool"]["name"]
@@ -607,7 +617,7 @@ def test_a_no_execute_device_taint_evicts_the_gpus_pods_and_new_pods_avoid_it(na
     wait_for(lambda: running("victim", namespace), timeout=POD_START_SECONDS, what="pod victim running")
     rule = f"{namespace}-gpu-2"[:63]
     taint = {
-        "apiVersion": "resource.k8s.io/v1",
+        "apiVersion": f"resource.k8s.io/{_served_version('resource.k8s.io', 'devicetaintrules')}",
         "kind": "DeviceTaintRule",
         "metadata": {"name": rule},
         "spec": {
