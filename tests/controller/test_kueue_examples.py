@@ -133,3 +133,13 @@ def test_kueue_twins_are_accepted_where_the_originals_are_refused(original: str,
             gates = [g["name"] for g in obj["spec"]["template"]["spec"]["schedulingGates"]]
             assert gates == ["fractional.dev/allocation"]  # our gate in the pod template
             assert obj["spec"]["suspend"] is True and obj["metadata"]["labels"]["kueue.x-k8s.io/queue-name"]
+
+
+def test_the_example_flavor_selects_no_label_that_nodes_lack() -> None:
+    """Kueue copies a flavor's nodeLabels into the pods it admits: the example once named
+    fractional.dev/gpu-node, which nothing sets, so admitted pods could never be scheduled."""
+    flavors = [o for path in KUEUE_EXAMPLES for o in _objects(path) if o.get("kind") == "ResourceFlavor"]
+    assert flavors
+    known = {"nvidia.com/gpu.present", "kubernetes.io/hostname", "topology.kubernetes.io/zone"}
+    for flavor in flavors:
+        assert set((flavor.get("spec") or {}).get("nodeLabels") or {}) <= known, flavor["metadata"]["name"]
