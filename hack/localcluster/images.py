@@ -14,11 +14,22 @@ from pathlib import Path
 
 from localcluster.cluster import REPO_ROOT, Binaries, ClusterError, LocalCluster
 
-__all__ = ["DRIVER_IMAGE", "EXAMPLES_IMAGE", "WORKLOAD_IMAGE", "build_archives", "load_images"]
+__all__ = [
+    "DRIVER_IMAGE",
+    "EXAMPLES_IMAGES",
+    "PAUSE_IMAGE",
+    "WORKLOAD_IMAGE",
+    "build_archives",
+    "load_images",
+]
 
 DRIVER_IMAGE = "localhost/fractional-dra:dev"
 WORKLOAD_IMAGE = "localhost/fractional-e2e-workload:1"
-EXAMPLES_IMAGE = "docker.io/library/busybox:1.36"  # what examples/*.yaml name
+PAUSE_IMAGE = "localhost/fractional-pause:3.10-local"
+EXAMPLES_IMAGES = {  # ours -> the names examples/*.yaml use
+    WORKLOAD_IMAGE: "docker.io/library/busybox:1.36",
+    PAUSE_IMAGE: "registry.k8s.io/pause:3.10",
+}
 
 
 def _cache_dir() -> Path:
@@ -84,11 +95,11 @@ def load_images(cluster: LocalCluster, binaries: Binaries, *, with_driver: bool 
                 raise ClusterError(
                     f"{node.name}: ctr images import {archive.name}: {result.stderr.strip()[-1000:]}"
                 )
-        # The README's examples run busybox:1.36; here that name is our static busybox (no registry).
+        # The examples name busybox:1.36 and registry.k8s.io/pause:3.10; here those names are our
+        # static busybox and our own pause (there is no registry to pull them from).
         ctr = [str(binaries.containerd / "ctr"), "-a", str(socket_path), "-n", "k8s.io", "images"]
-        subprocess.run([*ctr, "rm", EXAMPLES_IMAGE], capture_output=True, check=False)
-        tagged = subprocess.run([*ctr, "tag", WORKLOAD_IMAGE, EXAMPLES_IMAGE], capture_output=True, text=True)
-        if tagged.returncode != 0:
-            raise ClusterError(
-                f"{node.name}: ctr images tag {EXAMPLES_IMAGE}: {tagged.stderr.strip()[-500:]}"
-            )
+        for source, alias in EXAMPLES_IMAGES.items():
+            subprocess.run([*ctr, "rm", alias], capture_output=True, check=False)
+            tagged = subprocess.run([*ctr, "tag", source, alias], capture_output=True, text=True)
+            if tagged.returncode != 0:
+                raise ClusterError(f"{node.name}: ctr images tag {alias}: {tagged.stderr.strip()[-500:]}")

@@ -1,0 +1,55 @@
+"""The shipped examples, applied as written (``kubectl apply -f examples/...``), run on the real
+cluster: kube-scheduler alone for the ungated ones, our controller for the gated gangs.
+
+On the local cluster busybox:1.36 and registry.k8s.io/pause:3.10 are our own images under those
+names (hack/localcluster/images.py), since nothing can be pulled.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from e2e_support import REPO_ROOT, kubectl, list_items, wait_for
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
+
+EXAMPLES = REPO_ROOT / "examples"
+# file -> pods it makes, and the API version it needs served (None: core kinds only)
+CASES: dict[str, tuple[int, str | None]] = {
+    "inference-fractional.yaml": (3, None),
+    "whole-gpu-pod.yaml": (1, None),
+    "cel-selection.yaml": (1, None),
+    "gpu-nic-training.yaml": (1, None),
+    "gang-job.yaml": (4, None),
+}  # gangs/workload-podgroup.yaml shows one pod of a gang of 4: alone it waits, as it should
+
+
+def _served(group_version: str) -> bool:
+    try:
+        kubectl("get", "--raw", f"/apis/{group_version}", timeout=15)
+    except Exception:
+        return False
+    return True
+
+
+def _settled(namespace: str, expected: int) -> list[dict[str, Any]] | None:
+    pods = list_items("pods", "-n", namespace)
+    phases = [p.get("status", {}).get("phase") for p in pods]
+    assert "Failed" not in phases, json.dumps([p["status"] for p in pods])[:2000]
+    if len(pods) >= expected and all(phase in ("Running", "Succeeded") for phase in phases):
+        return pods
+    return None
+
+
+@pytest.mark.parametrize("example", list(CASES))
+def test_the_example_runs_as_written(namespace: str, example: str) -> None:
+    expected, needs = CASES[example]
+    if needs is not None and not _served(needs):
+        pytest.skip(f"{example} needs {needs}, which this release does not serve")
+    kubectl("apply", "-n", namespace, "-f", str(EXAMPLES / example))
+    pods = wait_for(lambda: _settled(namespace, expected), timeout=300, what=f"the pods of {example}")
+    assert len(pods) == expected
+    for claim in list_items("resourceclaims", "-n", namespace):
+        assert claim.get("status", {}).get("allocation"), claim["metadata"]["name"]
