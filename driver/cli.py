@@ -1,4 +1,4 @@
-"""The ``fractional`` command: discover | plugin | controller | plan | demo | apiserver.
+"""fractional: discover, plugin, controller, plan, status, why, apiserver, demo.
 
 The only module that reads ``os.environ``, configures logging handlers and prints.
 Every flag has an environment twin ``FRACTIONAL_<FLAG>`` (e.g. ``FRACTIONAL_NODE_NAME``).
@@ -27,6 +27,7 @@ from driver.config import (
     PluginConfig,
     StatusConfig,
     WhyConfig,
+    check_profile,
     env_name,
 )
 from driver.errors import ConfigError, FractionalError
@@ -138,8 +139,13 @@ def _env_list(flag: str) -> list[str]:
 
 
 def _add_common(parser: argparse.ArgumentParser, *, default_level: str = "info") -> None:
-    parser.add_argument("--log-format", choices=("text", "json"), default=_env("--log-format", "text"))
-    parser.add_argument("--log-level", default=_env("--log-level", default_level))
+    parser.add_argument(
+        "--log-format", choices=("text", "json"), default=_env("--log-format", "text"),
+        help="one line per event: text, or JSON with the values as fields",
+    )  # fmt: skip
+    parser.add_argument(
+        "--log-level", default=_env("--log-level", default_level), help="debug | info | warning | error"
+    )
 
 
 def _add_backend_flags(parser: argparse.ArgumentParser) -> None:
@@ -147,11 +153,18 @@ def _add_backend_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--profile", default=_env("--profile", None), help="fake node profile: file or shipped name"
     )
-    parser.add_argument("--sysfs-root", default=_env("--sysfs-root", "/sys"))
+    parser.add_argument(
+        "--sysfs-root",
+        default=_env("--sysfs-root", "/sys"),
+        help="nvml backend: where NUMA, PCIe roots and NICs are read",
+    )
 
 
 def _add_kubeconfig(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--kubeconfig", default=_env("--kubeconfig", None))
+    parser.add_argument(
+        "--kubeconfig", default=_env("--kubeconfig", None),
+        help="kubeconfig file; default KUBECONFIG, ~/.kube/config, or the pod's service account",
+    )  # fmt: skip
 
 
 def _version() -> str:
@@ -171,20 +184,33 @@ def _build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("discover", help="print the node's inventory (or the ResourceSlices it would publish)")
     _add_backend_flags(p)
-    p.add_argument("--node-name", default=_env("--node-name", "node-1"))
+    p.add_argument("--node-name", default=_env("--node-name", "node-1"), help="the node the slices are for")
     p.add_argument("-o", "--output", default=_env("--output", "table"), help="table | yaml | json")
     _add_common(p)
 
     p = sub.add_parser("plugin", help="run the node agent (kubelet plugin + slice publisher)")
     _add_backend_flags(p)
     _add_kubeconfig(p)
-    p.add_argument("--node-name", default=_env("--node-name", None))
-    p.add_argument("--registry-dir", default=_env("--registry-dir", "/var/lib/kubelet/plugins_registry"))
-    p.add_argument("--plugin-dir", default=_env("--plugin-dir", "/var/lib/kubelet/plugins/fractional.dev"))
-    p.add_argument("--cdi-root", default=_env("--cdi-root", "/var/run/cdi"))
+    p.add_argument("--node-name", default=_env("--node-name", None), help="this node's name (required)")
+    p.add_argument(
+        "--registry-dir", default=_env("--registry-dir", "/var/lib/kubelet/plugins_registry"),
+        help="the kubelet's plugin registry (registration socket)",
+    )  # fmt: skip
+    p.add_argument(
+        "--plugin-dir", default=_env("--plugin-dir", "/var/lib/kubelet/plugins/fractional.dev"),
+        help="the DRA socket, checkpoint and lock",
+    )  # fmt: skip
+    p.add_argument(
+        "--cdi-root", default=_env("--cdi-root", "/var/run/cdi"), help="where CDI specs are written"
+    )
     p.add_argument("--sharing", default=_env("--sharing", "none"), help="mps | hami | none")
-    p.add_argument("--metrics-port", type=int, default=_env_int("--metrics-port", 8080))
-    p.add_argument("--metrics-host", default=_env("--metrics-host", "0.0.0.0"))
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=_env_int("--metrics-port", 8080),
+        help="/metrics, /healthz, /readyz; 0: off",
+    )
+    p.add_argument("--metrics-host", default=_env("--metrics-host", "0.0.0.0"), help="address they listen on")
     p.add_argument("--proc-root", default=_env("--proc-root", "/proc"), help="the host's /proc")
     p.add_argument(
         "--dcgm-metrics",
@@ -193,40 +219,89 @@ def _build_parser() -> argparse.ArgumentParser:
         help="also emit GPU metrics under dcgm-exporter's names",
     )
     p.add_argument("--pod-uid", default=_env("--pod-uid", None), help="enables rolling-update socket names")
-    p.add_argument("--socket-group", type=int, default=_env_int("--socket-group", None))
-    p.add_argument("--hami-library", default=_env("--hami-library", None))
-    p.add_argument("--mps-control", default=_env("--mps-control", "nvidia-cuda-mps-control"))
-    p.add_argument("--health-file", default=_env("--health-file", None))
+    p.add_argument(
+        "--socket-group",
+        type=int,
+        default=_env_int("--socket-group", None),
+        help="gid of the kubelet sockets (mode 0660); default 0600, root only",
+    )
+    p.add_argument(
+        "--hami-library",
+        default=_env("--hami-library", None),
+        help="host path of HAMi-core's libvgpu.so, mounted into HAMi shares",
+    )
+    p.add_argument(
+        "--mps-control",
+        default=_env("--mps-control", "nvidia-cuda-mps-control"),
+        help="the nvidia-cuda-mps-control binary",
+    )
+    p.add_argument(
+        "--health-file",
+        default=_env("--health-file", None),
+        help="fake backend: a JSON file of GPU health events (tests)",
+    )
     p.add_argument(
         "--profile-node-label", default=_env("--profile-node-label", None), metavar="KEY",
         help="fake backend: the label of this Node whose value names its profile (<value>.yaml beside "
         "--profile, else a shipped profile); --profile when the Node has no such label",
     )  # fmt: skip
-    p.add_argument("--max-workers", type=int, default=_env_int("--max-workers", 16))
+    p.add_argument(
+        "--max-workers", type=int, default=_env_int("--max-workers", 16), help="gRPC worker threads"
+    )
     p.add_argument(
         "--ignored-xids",
         default=_env("--ignored-xids", ",".join(str(x) for x in DEFAULT_IGNORED_XIDS)),
         help="comma-separated XIDs that do not make a GPU unhealthy",
     )
-    p.add_argument("--health-resend-seconds", type=float, default=_env_float("--health-resend-seconds", 10.0))
-    p.add_argument("--resync-seconds", type=float, default=_env_float("--resync-seconds", 30.0))
+    p.add_argument(
+        "--health-resend-seconds",
+        type=float,
+        default=_env_float("--health-resend-seconds", 10.0),
+        help="resend the health stream's state this often",
+    )
+    p.add_argument(
+        "--resync-seconds",
+        type=float,
+        default=_env_float("--resync-seconds", 30.0),
+        help="republish the slices this often",
+    )
     _add_common(p)
 
     p = sub.add_parser("controller", help="run the allocation controller")
     _add_kubeconfig(p)
     p.add_argument("--policy", default=_env("--policy", "best-fit"), help="best-fit | first-fit")
-    p.add_argument("--leader-elect", action="store_true", default=_env_bool("--leader-elect"))
-    p.add_argument("--lease-name", default=_env("--lease-name", "fractional-dra-controller"))
-    p.add_argument("--lease-namespace", default=_env("--lease-namespace", "default"))
-    p.add_argument("--identity", default=_env("--identity", os.environ.get("HOSTNAME", "")))
-    p.add_argument("--metrics-port", type=int, default=_env_int("--metrics-port", 8081))
-    p.add_argument("--metrics-host", default=_env("--metrics-host", "0.0.0.0"))
     p.add_argument(
-        "--provisioning-requests", action="store_true", default=_env_bool("--provisioning-requests")
+        "--leader-elect",
+        action="store_true",
+        default=_env_bool("--leader-elect"),
+        help="take a Lease before acting (two replicas or more)",
     )
+    p.add_argument(
+        "--lease-name", default=_env("--lease-name", "fractional-dra-controller"), help="the Lease's name"
+    )
+    p.add_argument(
+        "--lease-namespace", default=_env("--lease-namespace", "default"), help="the Lease's namespace"
+    )
+    p.add_argument(
+        "--identity",
+        default=_env("--identity", os.environ.get("HOSTNAME", "")),
+        help="this replica's holder identity (default: the hostname)",
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=_env_int("--metrics-port", 8081),
+        help="/metrics and /healthz; 0: off",
+    )
+    p.add_argument("--metrics-host", default=_env("--metrics-host", "0.0.0.0"), help="address they listen on")
+    p.add_argument(
+        "--provisioning-requests", action="store_true", default=_env_bool("--provisioning-requests"),
+        help="publish scale-up hints as autoscaling.x-k8s.io/v1 ProvisioningRequests",
+    )  # fmt: skip
     p.add_argument(
         "--provisioning-class",
         default=_env("--provisioning-class", "best-effort-atomic-scale-up.autoscaling.x-k8s.io"),
+        help="their provisioningClassName",
     )
     p.add_argument(
         "--kueue-admission-check", action="store_true", default=_env_bool("--kueue-admission-check"),
@@ -238,7 +313,11 @@ def _build_parser() -> argparse.ArgumentParser:
         default=None,  # flags replace FRACTIONAL_HINT_PROFILE (comma-separated) rather than add to it
         help="node profile (file or shipped name) for scale-up hints; repeatable",
     )
-    p.add_argument("--topology-label", default=_env("--topology-label", "topology.kubernetes.io/zone"))
+    p.add_argument(
+        "--topology-label",
+        default=_env("--topology-label", "topology.kubernetes.io/zone"),
+        help="node label grouping nodes for gang placement",
+    )
     p.add_argument(
         "--preemption", nargs="?", const=True, type=_switch("--preemption"),
         default=_env_bool("--preemption", True),
@@ -253,13 +332,15 @@ def _build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("plan", help="how many nodes of a profile a set of claims/gangs needs")
     p.add_argument(
-        "--profile", default=_env("--profile", None), required=env_name("--profile") not in os.environ
-    )
+        "--profile", default=_env("--profile", None), required=env_name("--profile") not in os.environ,
+        help="the node profile to count in: file or shipped name (h100-8x, a100-pcie-4x, l4-2x)",
+    )  # fmt: skip
     p.add_argument(
-        "--claims", default=_env("--claims", None), required=env_name("--claims") not in os.environ
-    )
-    p.add_argument("--policy", default=_env("--policy", "best-fit"))
-    p.add_argument("-o", "--output", default=_env("--output", "table"))
+        "--claims", default=_env("--claims", None), required=env_name("--claims") not in os.environ,
+        help="YAML: a gangs document, or ResourceClaims/templates with the workloads that use them",
+    )  # fmt: skip
+    p.add_argument("--policy", default=_env("--policy", "best-fit"), help="best-fit | first-fit")
+    p.add_argument("-o", "--output", default=_env("--output", "table"), help="table | yaml | json")
     p.add_argument(
         "--kueue", action="store_true", default=_env_bool("--kueue"),
         help="also print what Kueue v0.19 charges each gang (deviceClassMappings of docs/kueue.md)",
@@ -267,8 +348,12 @@ def _build_parser() -> argparse.ArgumentParser:
     _add_common(p)
 
     p = sub.add_parser("apiserver", help="run the embedded API emulator on 127.0.0.1 (a test double)")
-    p.add_argument("--port", type=int, default=_env_int("--port", 0))
-    p.add_argument("--write-kubeconfig", default=_env("--write-kubeconfig", None))
+    p.add_argument("--port", type=int, default=_env_int("--port", 0), help="0: a free port")
+    p.add_argument(
+        "--write-kubeconfig",
+        default=_env("--write-kubeconfig", None),
+        help="write a kubeconfig for this API here",
+    )
     p.add_argument("--write-delay-ms", type=int, default=_env_int("--write-delay-ms", 0),
                    help="added to every write, as etcd would (e.g. 10)")  # fmt: skip
     p.add_argument("--kubernetes-version", default=_env("--kubernetes-version", "1.37"),
@@ -277,8 +362,15 @@ def _build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="the whole system on one machine: no cluster, no GPU")
     p.add_argument("--scenario", default=_env("--scenario", "full"), help="full | small")
-    p.add_argument("--keep-running", action="store_true", default=_env_bool("--keep-running"))
-    p.add_argument("--output-dir", default=_env("--output-dir", "demo-output"))
+    p.add_argument(
+        "--keep-running",
+        action="store_true",
+        default=_env_bool("--keep-running"),
+        help="leave the API up afterwards and print its kubeconfig",
+    )
+    p.add_argument(
+        "--output-dir", default=_env("--output-dir", "demo-output"), help="where the demo writes its picture"
+    )
     p.add_argument("--write-delay-ms", type=int, default=_env_int("--write-delay-ms", 0),
                    help="the embedded API adds it to every write, as etcd would")  # fmt: skip
     _add_common(p, default_level="warning")  # the demo talks through its progress lines
@@ -321,6 +413,8 @@ def _run_discover(args: argparse.Namespace) -> int:
         node_name=args.node_name,
         output=args.output,
     )
+    if config.backend == "fake":
+        check_profile(config.profile)
     inventory = discover_inventory(
         backend=config.backend,
         profile=config.profile,
@@ -396,7 +490,10 @@ def build_controller_config(args: argparse.Namespace) -> ControllerConfig:
 def _run_plugin(args: argparse.Namespace) -> int:
     from driver.plugin.agent import run_agent
 
-    return run_agent(build_plugin_config(args), _stop_event_on_signals())
+    config = build_plugin_config(args)
+    if config.backend == "fake":
+        check_profile(config.profile)
+    return run_agent(config, _stop_event_on_signals())
 
 
 def _run_controller(args: argparse.Namespace) -> int:
@@ -411,6 +508,7 @@ def _run_plan(args: argparse.Namespace) -> int:
     config = PlanConfig(
         profile=args.profile, claims=args.claims, policy=args.policy, output=args.output, kueue=args.kueue
     )
+    check_profile(config.profile)
     print(run_plan(config))
     return 0
 
@@ -504,6 +602,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
         _configure_logging(args.log_format, args.log_level)
         return _COMMANDS[args.command](args)
+    except BrokenPipeError:
+        # The reader went away (`fractional plan ... | head`): nothing more to say, and no
+        # traceback. Python's own advice: point stdout at devnull so its flush at exit is quiet.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except ConfigError as error:
         print(f"fractional: configuration error: {error}", file=sys.stderr)
         return 2

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from driver.errors import ConfigError
 
 __all__ = [
+    "check_profile",
     "ApiServerConfig",
     "ControllerConfig",
     "DemoConfig",
@@ -69,6 +70,20 @@ def _check_label_key(flag: str, value: str) -> None:
             field=f"{flag} ({env_name(flag)})",
             problem=f"{value!r} is not a label key ([prefix/]name, e.g. fractional.dev/fake-profile)",
         )
+
+
+def check_profile(profile: str | None) -> None:
+    """A --profile that names no file and no shipped profile is a configuration error (exit 2).
+    Called where the command runs (the file may exist only there, e.g. in the agent's container)."""
+    if not profile:
+        return
+    from driver.errors import InventoryError
+    from driver.inventory.fake import resolve_profile
+
+    try:
+        resolve_profile(profile)
+    except InventoryError as error:
+        raise ConfigError(field="--profile (FRACTIONAL_PROFILE)", problem=error.problem) from error
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -95,5 +95,6 @@ def test_profile_file_path_and_a_bad_profile(tmp_path: Path, capsys: pytest.Capt
 
 
 def test_unknown_profile_name(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["discover", "--profile", "b200-8x"]) == 1
+    # A configuration error, exit 2, like every other bad flag (it was 1: issue 28)
+    assert main(["discover", "--profile", "b200-8x"]) == 2
     assert "h100-8x" in capsys.readouterr().err

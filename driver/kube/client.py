@@ -55,6 +55,11 @@ def load_configuration(kubeconfig: str | None) -> client.Configuration:
             config.load_kube_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
     except (config.ConfigException, OSError) as error:
         raise ConfigError(field="--kubeconfig (FRACTIONAL_KUBECONFIG)", problem=str(error)) from error
+    except (TypeError, AttributeError, KeyError, ValueError) as error:  # YAML, but not a kubeconfig
+        raise ConfigError(
+            field="--kubeconfig (FRACTIONAL_KUBECONFIG)",
+            problem=f"not a kubeconfig (a mapping with clusters, users and contexts): {type(error).__name__}",
+        ) from error
     return configuration
 
 
