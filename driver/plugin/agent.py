@@ -421,10 +421,8 @@ class NodeAgent:
         )
 
         needs_api = reader is not None or self._publish_slices or self._status_writer is not None
-        if needs_api and self._kube_configuration is None:
-            from driver.kube.client import load_configuration
-
-            self._kube_configuration = load_configuration(config.kubeconfig)
+        if needs_api:
+            self._load_configuration()
         if reader is not None:
             reader.connect(self._require_configuration())
         if self._status_writer is not None:
@@ -464,11 +462,7 @@ class NodeAgent:
         assert config.profile is not None  # PluginConfig requires it with --backend fake
         labels: dict[str, str] = {}
         if config.profile_node_label is not None:
-            if self._kube_configuration is None:
-                from driver.kube.client import load_configuration
-
-                self._kube_configuration = load_configuration(config.kubeconfig)
-            read = read_node_labels(self._kube_configuration, config.node_name, self.stop_event)
+            read = read_node_labels(self._load_configuration(), config.node_name, self.stop_event)
             if read is None:
                 return None
             labels = read
@@ -486,6 +480,15 @@ class NodeAgent:
             },
         )
         return choice
+
+    def _load_configuration(self) -> client.Configuration:
+        """The cluster configuration, loaded the usual way (``--kubeconfig``, ``KUBECONFIG``,
+        in-cluster) the first time the agent needs the API."""
+        if self._kube_configuration is None:
+            from driver.kube.client import load_configuration
+
+            self._kube_configuration = load_configuration(self.config.kubeconfig)
+        return self._kube_configuration
 
     def _require_configuration(self) -> client.Configuration:
         if self._kube_configuration is None:

@@ -216,13 +216,19 @@ def oci_archive_members(
     """
     plat = image_platform()
     blobs: dict[str, bytes] = {}
+
+    def store(blob: bytes) -> str:
+        """Keep ``blob`` under its digest; returns the digest."""
+        digest = "sha256:" + sha256_hex(blob)
+        blobs[digest] = blob
+        return digest
+
     layer_descs: list[dict[str, Any]] = []
     diff_ids: list[str] = []
     for raw in layer_tars:
         diff_ids.append("sha256:" + sha256_hex(raw))
         blob = gzip_deterministic(raw) if compress else raw
-        digest = "sha256:" + sha256_hex(blob)
-        blobs[digest] = blob
+        digest = store(blob)
         media_type = MT_OCI_LAYER_GZIP if compress else MT_OCI_LAYER
         layer_descs.append({"mediaType": media_type, "digest": digest, "size": len(blob)})
     full_config = {
@@ -233,8 +239,7 @@ def oci_archive_members(
         "history": [{"created": EPOCH, "created_by": f"hack/images/build.py ({ref})"}],
     }
     config_blob = canonical_json(full_config)
-    config_digest = "sha256:" + sha256_hex(config_blob)
-    blobs[config_digest] = config_blob
+    config_digest = store(config_blob)
     manifest = {
         "schemaVersion": 2,
         "mediaType": MT_OCI_MANIFEST,
@@ -242,8 +247,7 @@ def oci_archive_members(
         "layers": layer_descs,
     }
     manifest_blob = canonical_json(manifest)
-    manifest_digest = "sha256:" + sha256_hex(manifest_blob)
-    blobs[manifest_digest] = manifest_blob
+    manifest_digest = store(manifest_blob)
     index = {
         "schemaVersion": 2,
         "mediaType": MT_OCI_INDEX,

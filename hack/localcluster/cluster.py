@@ -158,9 +158,13 @@ class LocalCluster:
     def apiserver_url(self) -> str:
         return f"https://127.0.0.1:{self.ports['apiserver']}"
 
+    @property
+    def gates(self) -> dict[str, bool]:
+        """The release's feature gates, the same on every component (the kubelet's config too)."""
+        return dict(RELEASES[self.release][0])
+
     def feature_gates(self) -> str:
-        gates, _ = RELEASES[self.release]
-        return ",".join(f"{name}={str(value).lower()}" for name, value in sorted(gates.items()))
+        return ",".join(f"{name}={str(value).lower()}" for name, value in sorted(self.gates.items()))
 
     def _remember(self) -> None:
         self.processes.extra.update({"version": self.version, "ports": self.ports})
@@ -186,22 +190,25 @@ class LocalCluster:
             },
             node_ips=[n.ip for n in self.nodes],
         )
-        self._write_kubeconfig(self.kubeconfig, pki, "admin", embed=True)
+        self.write_kubeconfig(self.kubeconfig, "admin", embed=True)
         for name in ("controller-manager", "scheduler"):
-            self._write_kubeconfig(self.state_dir / f"{name}.kubeconfig", pki, name, embed=False)
+            self.write_kubeconfig(self.state_dir / f"{name}.kubeconfig", name, embed=False)
         self._start_etcd(binaries)
         self._start_apiserver(binaries, pki)
         self._start_controller_manager(binaries, pki)
         self._start_scheduler(binaries)
 
-    def _write_kubeconfig(self, path: Path, pki: Pki, user: str, *, embed: bool) -> None:
-        client = pki.client(user)
+    def write_kubeconfig(self, path: Path, user: str, *, embed: bool) -> None:
+        """A kubeconfig for the client certificate ``<pki>/<user>.crt``: with the certificates in
+        it (``embed``, the admin's, to copy elsewhere) or pointing at the files (components)."""
+        ca_cert = self.pki_dir / "ca.crt"
+        cert, key = self.pki_dir / f"{user}.crt", self.pki_dir / f"{user}.key"
         if embed:
-            cluster = {"server": self.apiserver_url, "certificate-authority-data": _b64(pki.ca_cert)}
-            credentials = {"client-certificate-data": _b64(client.cert), "client-key-data": _b64(client.key)}
+            cluster = {"server": self.apiserver_url, "certificate-authority-data": _b64(ca_cert)}
+            credentials = {"client-certificate-data": _b64(cert), "client-key-data": _b64(key)}
         else:
-            cluster = {"server": self.apiserver_url, "certificate-authority": str(pki.ca_cert)}
-            credentials = {"client-certificate": str(client.cert), "client-key": str(client.key)}
+            cluster = {"server": self.apiserver_url, "certificate-authority": str(ca_cert)}
+            credentials = {"client-certificate": str(cert), "client-key": str(key)}
         config = {
             "apiVersion": "v1",
             "kind": "Config",
@@ -299,7 +306,7 @@ class LocalCluster:
     def _wait(self, url: str, name: str, *, tls: bool, timeout_seconds: float = 90.0) -> None:
         context = None
         if tls:
-            context = ssl.create_default_context(cafile=str(self.pki_dir / "ca.crt"))
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
             context.check_hostname = False
             context.verify_mode = ssl.CERT_NONE  # the components' own serving certs are self-signed
             context.load_cert_chain(str(self.pki_dir / "admin.crt"), str(self.pki_dir / "admin.key"))

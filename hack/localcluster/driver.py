@@ -13,7 +13,16 @@ from typing import Any
 from localcluster.cluster import PROFILE_LABEL, REPO_ROOT, Binaries, ClusterError, LocalCluster
 from localcluster.node import kubectl_command
 
-__all__ = ["NAMESPACE", "RELEASE", "chart_values", "install_driver", "uninstall_driver", "wait_for_driver"]
+__all__ = [
+    "NAMESPACE",
+    "RELEASE",
+    "chart_values",
+    "install_driver",
+    "reload_driver",
+    "uninstall_driver",
+    "upgrade_driver",
+    "wait_for_driver",
+]
 
 RELEASE = "fractional-dra"
 NAMESPACE = "fractional-system"
@@ -53,6 +62,19 @@ def install_driver(cluster: LocalCluster, **overrides: Any) -> None:
     finally:
         helm.close()
     wait_for_driver(cluster)
+
+
+def upgrade_driver(cluster: LocalCluster, **overrides: Any) -> None:
+    """``helm upgrade`` with the local cluster's values and ``overrides`` (a rolling update when the
+    pods' template changes)."""
+    helm = _helm(cluster)
+    try:
+        helm.upgrade(
+            str(CHART), RELEASE, chart_values(cluster, **overrides), namespace=NAMESPACE,
+            wait="watcher", timeout=300,
+        )  # fmt: skip
+    finally:
+        helm.close()
 
 
 def uninstall_driver(cluster: LocalCluster) -> None:

@@ -104,7 +104,6 @@ def _cni_config(cluster: LocalCluster, node: NodeSpec) -> dict[str, object]:
 
 def _kubelet_config(cluster: LocalCluster, node: NodeSpec) -> dict[str, object]:
     pki = cluster.pki_dir
-    gates = {k: v for k, v in (item.split("=") for item in cluster.feature_gates().split(","))}
     return {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
@@ -134,7 +133,7 @@ def _kubelet_config(cluster: LocalCluster, node: NodeSpec) -> dict[str, object]:
         "localStorageCapacityIsolation": False,
         "serializeImagePulls": False,
         "maxPods": 110,
-        "featureGates": {k: v == "true" for k, v in gates.items()},
+        "featureGates": cluster.gates,
         "podCIDR": node.pod_cidr,
         "resolvConf": "/etc/resolv.conf",
         "shutdownGracePeriod": "0s",
@@ -197,7 +196,7 @@ def up_nodes(cluster: LocalCluster, binaries: Binaries, *, with_driver_image: bo
         (base / "kubelet.yaml").write_text(
             json.dumps(_kubelet_config(cluster, node), indent=2), encoding="utf-8"
         )
-        _write_node_kubeconfig(cluster, node)
+        cluster.write_kubeconfig(base / "kubeconfig", f"node-{node.ip}", embed=False)
         holder = _namespace(cluster, node)
         containerd = cluster.processes.start(
             f"{node.key}-containerd",
@@ -243,34 +242,6 @@ def wait_for_default_service_account(cluster: LocalCluster, timeout_seconds: flo
             return
         time.sleep(0.5)
     raise ClusterError("no default service account after 60s; see logs/kube-controller-manager.log")
-
-
-def _write_node_kubeconfig(cluster: LocalCluster, node: NodeSpec) -> None:
-    pki = cluster.pki_dir
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [
-            {
-                "name": "local",
-                "cluster": {"server": cluster.apiserver_url, "certificate-authority": str(pki / "ca.crt")},
-            }
-        ],
-        "users": [
-            {
-                "name": "kubelet",
-                "user": {
-                    "client-certificate": str(pki / f"node-{node.ip}.crt"),
-                    "client-key": str(pki / f"node-{node.ip}.key"),
-                },
-            }
-        ],
-        "contexts": [{"name": "local", "context": {"cluster": "local", "user": "kubelet"}}],
-        "current-context": "local",
-    }
-    path = node_dir(cluster, node) / "kubeconfig"
-    path.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-    path.chmod(0o600)
 
 
 def _wait_for_socket(path: Path, log: str, node: NodeSpec, timeout_seconds: float = 60.0) -> None:
@@ -329,7 +300,8 @@ def stop_node(cluster: LocalCluster, node: NodeSpec) -> list[str]:
     holder = cluster.processes.get(f"{node.key}-namespace")
     socket_path = run_dir(node) / "containerd.sock"
     if containerd is not None and containerd.alive() and holder is not None and socket_path.is_socket():
-        ctr = str(Path(containerd_binary_dir(cluster)) / "ctr") if containerd_binary_dir(cluster) else "ctr"
+        binaries = str(cluster.processes.extra.get("containerd_bin", ""))
+        ctr = str(Path(binaries) / "ctr") if binaries else "ctr"
         base = [
             "nsenter",
             f"--target={holder.pid}",
@@ -341,21 +313,19 @@ def stop_node(cluster: LocalCluster, node: NodeSpec) -> list[str]:
             "-n",
             "k8s.io",
         ]
-        listed = subprocess.run([*base, "tasks", "ls", "-q"], capture_output=True, text=True, check=False)
-        for task in listed.stdout.split():
+
+        def tasks() -> list[str]:
+            return subprocess.run([*base, "tasks", "ls", "-q"], capture_output=True, text=True).stdout.split()
+
+        killed = tasks()
+        for task in killed:
             subprocess.run([*base, "tasks", "kill", "-s", "SIGKILL", task], capture_output=True, check=False)
         deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
-            left = subprocess.run(
-                [*base, "tasks", "ls", "-q"], capture_output=True, text=True, check=False
-            ).stdout
-            running = [t for t in left.split()]
-            for task in running:
+        while (left := tasks()) and time.monotonic() < deadline:
+            for task in left:
                 subprocess.run([*base, "tasks", "delete", "-f", task], capture_output=True, check=False)
-            if not running:
-                break
             time.sleep(0.5)
-        said.append(f"killed {len(listed.stdout.split())} containers of {node.name}")
+        said.append(f"killed {len(killed)} containers of {node.name}")
     if containerd is not None:
         cluster.processes.stop(containerd)
         said.append(f"stopped {node.name}'s containerd")
@@ -369,10 +339,6 @@ def stop_node(cluster: LocalCluster, node: NodeSpec) -> list[str]:
         cluster.processes.stop(holder, grace_seconds=2)
     _remove_bridge(cluster, node)
     return said
-
-
-def containerd_binary_dir(cluster: LocalCluster) -> str:
-    return str(cluster.processes.extra.get("containerd_bin", ""))
 
 
 def _remove_bridge(cluster: LocalCluster, node: NodeSpec) -> None:

@@ -175,21 +175,7 @@ def test_environment_is_understood_by_the_cli(values_name: str, monkeypatch: pyt
     downward["metadata.name"] = "fractional-dra-controller-abc"
 
     def parse(command: str, env: dict[str, Any]) -> argparse.Namespace:
-        for name in [n for n in os.environ if n.startswith("FRACTIONAL_")]:
-            monkeypatch.delenv(name)
-        for name, value in env.items():
-            if name.startswith("FRACTIONAL_"):
-                monkeypatch.setenv(name, downward[value[1]] if isinstance(value, tuple) else value)
-        parser = _build_parser()
-        known = {
-            "FRACTIONAL_" + option.lstrip("-").replace("-", "_").upper()
-            for action in _subparser(parser, command)._actions
-            for option in action.option_strings
-            if option.startswith("--")
-        }
-        unknown = sorted(n for n in env if n.startswith("FRACTIONAL_") and n not in known)
-        assert unknown == [], f"{command}: no such flag twins: {unknown}"
-        return parser.parse_args([command])
+        return parse_cli_env(monkeypatch, command, env, downward)
 
     plugin = build_plugin_config(parse("plugin", pod_env))
     assert plugin.node_name == "node-a" and plugin.pod_uid == "0d7f9b8e-uid"
@@ -202,6 +188,28 @@ def test_environment_is_understood_by_the_cli(values_name: str, monkeypatch: pyt
     assert controller.hint_profiles, "the controller needs template nodes for scale-up hints"
     for path in controller.hint_profiles:
         assert path.startswith(PROFILES_DIR + "/") and path.rsplit("/", 1)[1] in configmap["data"]
+
+
+def parse_cli_env(
+    monkeypatch: pytest.MonkeyPatch, command: str, env: dict[str, Any], downward: dict[str, str]
+) -> argparse.Namespace:
+    """A container's FRACTIONAL_* environment (``env_of``) as ``fractional <command>`` reads it, the
+    downward-API values taken from ``downward``; every variable must be a flag twin of the command."""
+    for name in [n for n in os.environ if n.startswith("FRACTIONAL_")]:
+        monkeypatch.delenv(name)
+    for name, value in env.items():
+        if name.startswith("FRACTIONAL_"):
+            monkeypatch.setenv(name, downward[value[1]] if isinstance(value, tuple) else value)
+    parser = _build_parser()
+    known = {
+        "FRACTIONAL_" + option.lstrip("-").replace("-", "_").upper()
+        for action in _subparser(parser, command)._actions
+        for option in action.option_strings
+        if option.startswith("--")
+    }
+    unknown = sorted(n for n in env if n.startswith("FRACTIONAL_") and n not in known)
+    assert unknown == [], f"{command}: no such flag twins: {unknown}"
+    return parser.parse_args([command])
 
 
 def _subparser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:

@@ -4,16 +4,15 @@ agent.hostNetwork / controller.hostNetwork and apiServer.host / apiServer.port."
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 from typing import Any
 
 import helm_python as helm
 import pytest
 from chart_support import CHART_DIR, KUBE_VERSIONS, NAMESPACE, object_id, render_chart, validate_strict
-from test_chart_render import agent_pod, container, env_of, one
+from test_chart_render import agent_pod, container, env_of, one, parse_cli_env
 
-from driver.cli import _build_parser, build_controller_config, build_plugin_config
+from driver.cli import build_controller_config, build_plugin_config
 from driver.config import PluginConfig
 
 LABEL = "fractional.dev/fake-profile"
@@ -86,12 +85,7 @@ def test_the_environment_is_understood_by_the_cli(
     }
 
     def parse(command: str, env: dict[str, Any]) -> argparse.Namespace:
-        for name in [n for n in os.environ if n.startswith("FRACTIONAL_")]:
-            monkeypatch.delenv(name)
-        for name, value in env.items():
-            if name.startswith("FRACTIONAL_"):
-                monkeypatch.setenv(name, downward[value[1]] if isinstance(value, tuple) else value)
-        return _build_parser().parse_args([command])
+        return parse_cli_env(monkeypatch, command, env, downward)
 
     components = pods(local)
     plugin = build_plugin_config(parse("plugin", env_of(components["agent"][1])))

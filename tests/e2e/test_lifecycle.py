@@ -50,18 +50,11 @@ def _agents() -> list[dict[str, Any]]:
 
 
 def test_a_rolling_upgrade_keeps_running_shares_and_serves_new_ones(namespace: str, local: Any) -> None:
-    from localcluster.driver import NAMESPACE, RELEASE, _helm, chart_values
+    from localcluster.driver import NAMESPACE, upgrade_driver
 
     start_share("steady", namespace, memory="5Gi", compute="5")
     before = {p["metadata"]["uid"] for p in _agents()}
-    helm = _helm(local)
-    try:
-        helm.upgrade(
-            str(REPO_ROOT / "charts" / "fractional-dra"), RELEASE, chart_values(local, logLevel="debug"),
-            namespace=NAMESPACE, wait="watcher", timeout=300,
-        )  # fmt: skip
-    finally:
-        helm.close()
+    upgrade_driver(local, logLevel="debug")
     kubectl("rollout", "status", "daemonset", "-n", NAMESPACE, "-l", "app.kubernetes.io/component=agent",
             "--timeout=300s", timeout=320)  # fmt: skip
     after = {p["metadata"]["uid"] for p in _agents()}
