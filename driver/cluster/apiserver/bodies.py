@@ -17,7 +17,7 @@ from typing import Any
 
 from driver.jsondepth import json_depth
 
-__all__ = ["MAX_DEPTH", "SHALLOW_DEPTH", "RawJSON", "dumps", "loads"]
+__all__ = ["MAX_DEPTH", "SHALLOW_DEPTH", "JSONSyntaxError", "RawJSON", "dumps", "loads"]
 
 MAX_DEPTH = 10_000  # kube-apiserver's JSON decoder limit (sigs.k8s.io/json)
 SHALLOW_DEPTH = 100  # deeper subtrees become RawJSON leaves
@@ -128,7 +128,7 @@ def _deep_loads(text: str) -> Any:
                 copied = position = end
                 depth -= 1
     pieces.append(text[copied:])
-    decoded = json.loads("".join(pieces))
+    decoded = json.loads("".join(pieces), parse_constant=_reject_constant)
 
     def restore(value: Any) -> Any:  # bounded by SHALLOW_DEPTH: recursion is safe here
         if isinstance(value, str):
@@ -142,11 +142,28 @@ def _deep_loads(text: str) -> Any:
     return restore(decoded)
 
 
+class JSONSyntaxError(ValueError):
+    """A body that Go's encoding/json refuses though Python's json accepts it; the message is Go's."""
+
+
+# Python's json reads these as floats; Go's (and so kube-apiserver) refuses them at their first letter.
+_GO_CONSTANT_ERRORS = {
+    "NaN": "invalid character 'N' looking for beginning of value",
+    "Infinity": "invalid character 'I' looking for beginning of value",
+    "-Infinity": "invalid character 'I' in numeric literal",
+}
+
+
+def _reject_constant(name: str) -> Any:
+    raise JSONSyntaxError(_GO_CONSTANT_ERRORS.get(name, f"invalid character {name[:1]!r}"))
+
+
 def loads(raw: bytes | str) -> Any:
-    """Decode a request body as kube-apiserver would (ValueError when it is not JSON)."""
+    """Decode a request body as kube-apiserver would (ValueError when it is not JSON, also on
+    ``NaN`` and ``Infinity``, which are no JSON: ``JSONSyntaxError`` with Go's message)."""
     text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
     if json_depth(text) <= SHALLOW_DEPTH:
-        return json.loads(text)
+        return json.loads(text, parse_constant=_reject_constant)
     return _deep_loads(text)
 
 

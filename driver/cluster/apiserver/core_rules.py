@@ -8,7 +8,10 @@ CEL selectors, which kube-apiserver compiles at admission):
   pod is gated, added ``nodeSelector`` entries and node affinity);
 - scheduling gates can only be removed;
 - ``deviceClassName`` is a DNS subdomain; every CEL selector compiles in the DRA environment
-  (``driver.allocator.celenv``) and names no variable but ``device``.
+  (``driver.allocator.celenv``) and names no variable but ``device``;
+- a PriorityClass (``pkg/apis/scheduling/validation``): a name with the ``system-`` prefix only for
+  the two known system classes, at their value; any other class at most 1000000000
+  (``HighestUserDefinablePriority``).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Any
 
 from driver.allocator.celenv import SelectorError, compile_selector
 from driver.cluster.apiserver.formats import Causes, dns_subdomain, go_quote
+from driver.cluster.apiserver.policy import SYSTEM_PRIORITY_CLASSES
 from driver.cluster.apiserver.store import ResourceType
 
 __all__ = ["check_core_rules"]
@@ -133,6 +137,38 @@ def _check_requests(devices: Obj, base: str, causes: Causes) -> None:
             _check_selectors(sub.get("selectors"), f"{sub_field}.selectors", causes)
 
 
+HIGHEST_USER_DEFINABLE_PRIORITY = 1000000000
+_SYSTEM_PREFIX = "system-"
+
+
+def _check_priority_class(obj: Obj, causes: Causes) -> None:
+    name = str((obj.get("metadata") or {}).get("name", ""))
+    value = obj.get("value")
+    if name.startswith(_SYSTEM_PREFIX):
+        known = SYSTEM_PRIORITY_CLASSES.get(name)
+        if known is None:
+            problem = f"{name} is not a known system priority class"
+        elif value != known:
+            problem = f"value of {name} PriorityClass must be {known}"
+        else:
+            return
+        causes.append(
+            (
+                "metadata.name",
+                f"Forbidden: priority class names with '{_SYSTEM_PREFIX}' prefix are reserved for system "
+                f"use only. error: {problem}",
+            )
+        )
+    elif isinstance(value, int) and value > HIGHEST_USER_DEFINABLE_PRIORITY:
+        causes.append(
+            (
+                "value",
+                "Forbidden: maximum allowed value of a user defined priority is "
+                f"{HIGHEST_USER_DEFINABLE_PRIORITY}",
+            )
+        )
+
+
 def check_core_rules(rtype: ResourceType, obj: Obj, old: Obj | None) -> Causes:
     """(field, problem) for each rule broken; ``old`` is the stored object on an update."""
     causes: Causes = []
@@ -148,4 +184,6 @@ def check_core_rules(rtype: ResourceType, obj: Obj, old: Obj | None) -> Causes:
         _check_requests((spec.get("spec") or {}).get("devices") or {}, "spec.spec.devices", causes)
     elif rtype.group == "resource.k8s.io" and rtype.plural == "deviceclasses":
         _check_selectors(spec.get("selectors"), "spec.selectors", causes)
+    elif rtype.group == "scheduling.k8s.io" and rtype.plural == "priorityclasses":
+        _check_priority_class(obj, causes)
     return causes

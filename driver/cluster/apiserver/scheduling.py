@@ -10,6 +10,8 @@ embedded API emulator (a test double).
 - 1.37: ``v1beta1`` and ``v1alpha3`` (same shapes; v1alpha3 adds CompositePodGroup): PodGroup
   ``workloadRef``, spec immutable except ``schedulingPolicy.gang.minCount``.
 
+A PodGroup's ``gang.minCount`` is at least 1 (0 is "Required value", as Go reads an unset int).
+
 Objects are validated with that release's official schema (``kubernetes-validate``, strict), pods
 too (``ObjectValidator(schema_version=...)``). Departures: the two 1.37 versions share storage and
 an object keeps the ``apiVersion`` it was written with (no conversion); the ``GenericWorkload``
@@ -78,9 +80,25 @@ class SchedulingResourceType(ResourceType):
                 else violation.problem
             )
             raise invalid_error(self, name, [(field, problem)]) from None
+        if self.kind == "PodGroup" and (causes := _check_gang(obj)):
+            raise invalid_error(self, name, causes)
         if old is not None and _spec_without_mutable(self, obj) != _spec_without_mutable(self, old):
             raise invalid_error(self, name, [("spec", "Invalid value: field is immutable")])
         return obj
+
+
+def _check_gang(obj: Obj) -> list[tuple[str, str]]:
+    """A gang's ``minCount`` is at least 1; 0 reads as unset (``+required``), as Go decodes it."""
+    gang = ((obj.get("spec") or {}).get("schedulingPolicy") or {}).get("gang")
+    if not isinstance(gang, dict):
+        return []
+    field = "spec.schedulingPolicy.gang.minCount"
+    count = gang.get("minCount")
+    if count is None or count == 0:
+        return [(field, "Required value")]
+    if isinstance(count, int) and count < 1:
+        return [(field, f"Invalid value: {count}: must be greater than or equal to 1")]
+    return []
 
 
 def _spec_without_mutable(rtype: SchedulingResourceType, obj: Obj) -> Any:

@@ -41,12 +41,13 @@ from kubernetes import client
 from driver.cluster.apiserver.apply import APPLY_PATCH, apply_configuration, parse_apply_body, record_update
 from driver.cluster.apiserver.crd import CRD_RESOURCE, CustomResourceType
 from driver.cluster.apiserver.events import core_event, events_v1_event, events_v1_field_selector
+from driver.cluster.apiserver.logs import pod_log
 from driver.cluster.apiserver.patch import apply_patch
 from driver.cluster.apiserver.policy import admit_pod_priority, check_eviction_budgets
 from driver.cluster.apiserver.request import RequestOptions, parse_options
 from driver.cluster.apiserver.scheduling import DEFAULT_KUBERNETES_VERSION, ServedResources
 from driver.cluster.apiserver.selectors import build_matcher
-from driver.cluster.apiserver.serving import Route, ThreadedHTTPServer
+from driver.cluster.apiserver.serving import PlainText, Route, ThreadedHTTPServer
 from driver.cluster.apiserver.store import (
     ResourceType,
     StatusError,
@@ -247,8 +248,14 @@ class APIServer:
 
     def handle(
         self, method: str, route: Route, query: dict[str, str], body: Any, headers: Any
-    ) -> tuple[int, Obj, list[str]]:
+    ) -> tuple[int, Obj | PlainText, list[str]]:
         """Serve one request: (status code, body, warnings for ``Warning`` headers)."""
+        if route.subresource == "log":  # the one answer that is text, not an object
+            if method != "GET":
+                raise _method_not_allowed(method)
+            self._record("get", route)
+            code, text = pod_log(self._store.get(route.rtype, route.namespace or "", route.name or ""), query)
+            return code, PlainText(text), []
         options = parse_options(query)
         code, obj = self._dispatch(method, route, query, body, headers, options)
         if route.rtype == CRD_RESOURCE and method != "GET":
@@ -548,7 +555,17 @@ class APIServer:
     def _evict(self, route: Route, eviction: Obj, options: RequestOptions) -> Obj:
         """``pods/eviction`` (policy/v1 Eviction): the pod is deleted unless a PodDisruptionBudget
         covering it allows no disruption now (429, ``policy``)."""
-        delete_options = eviction.get("deleteOptions") or {}
+        delete_options = eviction.get("deleteOptions")
+        if delete_options is not None and not isinstance(delete_options, dict):
+            version = str(eviction.get("apiVersion") or "policy/v1").rpartition("/")[2]
+            raise StatusError(
+                code=400,
+                reason="BadRequest",
+                message=f'Eviction in version "{version}" cannot be handled as a Eviction: json: cannot '
+                f"unmarshal {_go_json_type(delete_options)} into Go struct field Eviction.deleteOptions of "
+                "type v1.DeleteOptions",
+            )
+        delete_options = delete_options or {}
         if delete_options.get("dryRun") == ["All"]:
             options.dry_run = True
         namespace = route.namespace or ""
@@ -708,6 +725,15 @@ def _method_not_allowed(method: str) -> StatusError:
     return StatusError(
         code=405, reason="MethodNotAllowed", message=f"the server does not allow this method ({method})"
     )
+
+
+def _go_json_type(value: Any) -> str:
+    """The JSON type as Go's encoding/json names it in an UnmarshalTypeError."""
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, (int, float)):
+        return "number"
+    return "array" if isinstance(value, list) else "string"
 
 
 def _require_object(body: Any) -> Obj:

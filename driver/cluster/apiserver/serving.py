@@ -24,7 +24,7 @@ from driver.cluster.apiserver.strategy import RESOURCE_TYPES
 from driver.cluster.apiserver.strategy import find_resource_type as find_builtin_type
 from driver.cluster.apiserver.tables import table_version, to_table
 
-__all__ = ["Backend", "Route", "ThreadedHTTPServer", "discovery_document", "parse_route"]
+__all__ = ["Backend", "PlainText", "Route", "ThreadedHTTPServer", "discovery_document", "parse_route"]
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ class Backend(Protocol):
 
     def handle(
         self, method: str, route: Route, query: dict[str, str], body: Any, headers: Any
-    ) -> tuple[int, Obj, list[str]]: ...
+    ) -> tuple[int, Obj | PlainText, list[str]]: ...
 
     def open_watch(self, route: Route, query: dict[str, str]) -> tuple[Watcher, list[WatchEvent], float]: ...
 
@@ -128,11 +128,47 @@ def parse_route(path: str, custom: CustomLookup | None = None) -> Route | None:
         return None
     name = rest[1] if len(rest) > 1 else None
     subresource = rest[2] if len(rest) > 2 else None
-    if (subresource, rtype.plural) in (("binding", "pods"), ("eviction", "pods"), ("finalize", "namespaces")):
+    if (subresource, rtype.plural) in (
+        ("binding", "pods"),
+        ("eviction", "pods"),
+        ("log", "pods"),
+        ("finalize", "namespaces"),
+    ):
         return Route(rtype, namespace, name, subresource)
     if subresource is not None and (subresource != "status" or not rtype.status_subresource):
         return None
     return Route(rtype, namespace, name, subresource)
+
+
+@dataclass(frozen=True, slots=True)
+class PlainText:
+    """An answer that is no JSON (``pods/log``): sent as ``text/plain``."""
+
+    text: str
+
+
+_SUBRESOURCE_BODY_KINDS = {"eviction": "Eviction", "binding": "Binding"}
+_SNIPPET_BYTES = 30  # what kube-apiserver quotes of a body it cannot decode
+
+
+def _undecodable(method: str, path: str, raw: bytes, error: ValueError, backend: Any) -> StatusError:
+    """400 for a body that is no JSON, worded as kube-apiserver words it: a patch is "invalid JSON
+    patch"; a created or replaced object names the kind it had to be, Go's parse error (Python's
+    where Go's is not known) and the start of the body."""
+    if method == "PATCH":
+        return StatusError(code=400, reason="BadRequest", message="invalid JSON patch")
+    route = parse_route(urllib.parse.urlsplit(path).path, getattr(backend, "custom_resources", None))
+    if route is None or method not in ("POST", "PUT"):
+        return StatusError(code=400, reason="BadRequest", message=f"invalid JSON: {error}")
+    kind = _SUBRESOURCE_BODY_KINDS.get(route.subresource or "", route.rtype.kind)
+    text = raw.decode("utf-8", errors="replace")
+    snippet = text if len(text) <= _SNIPPET_BYTES else text[:_SNIPPET_BYTES] + " ..."
+    return StatusError(
+        code=400,
+        reason="BadRequest",
+        message=f"the object provided is unrecognized (must be of type {kind}): couldn't get version/kind; "
+        f"json parse error: {error} ({snippet})",
+    )
 
 
 def _resource_list(group: str, version: str, served: tuple[ResourceType, ...] = RESOURCE_TYPES) -> Obj | None:
@@ -170,6 +206,9 @@ def _resource_list(group: str, version: str, served: tuple[ResourceType, ...] = 
                         "verbs": ["create"],
                     }
                 )
+            resources.append(
+                {"name": "pods/log", "singularName": "", "namespaced": True, "kind": "Pod", "verbs": ["get"]}
+            )
         if rtype.status_subresource:
             status = {key: value for key, value in entry.items() if key not in ("shortNames", "categories")}
             resources.append(
@@ -259,9 +298,7 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             body = bodies.loads(raw) if raw else None  # as deep as kube-apiserver allows
         except ValueError as error:
-            self._send_json(
-                400, StatusError(code=400, reason="BadRequest", message=f"invalid JSON: {error}").to_status()
-            )
+            self._send_json(400, _undecodable(method, self.path, raw, error, self.server.backend).to_status())
             return
         if decoded is not None:
             body = decoded
@@ -297,6 +334,9 @@ class _Handler(BaseHTTPRequestHandler):
             code, obj, warnings = backend.handle(method, route, query, body, self.headers)
         except StatusError as error:
             self._send_json(error.code, error.to_status())
+            return
+        if isinstance(obj, PlainText):
+            self._send_bytes(code, obj.text.encode(), warnings, content_type="text/plain")
             return
         self._send_json(code, obj, warnings)
 

@@ -49,6 +49,26 @@ def format_path(parts: Any) -> str:
     return text
 
 
+# The cause reason of a field error, from the start of its text (k8s.io/apimachinery/pkg/util/validation/field
+# errors.go: ErrorType.String() begins each message).
+_CAUSE_REASONS = (
+    ("Required value", "FieldValueRequired"),
+    ("Forbidden", "FieldValueForbidden"),
+    ("Unsupported value", "FieldValueNotSupported"),
+    ("Duplicate value", "FieldValueDuplicate"),
+    ("Too long", "FieldValueTooLong"),
+    ("Too many", "FieldValueTooMany"),
+)
+
+
+def cause_reason(problem: str) -> str:
+    """``FieldValueRequired`` for "Required value...", and so on; ``FieldValueInvalid`` otherwise."""
+    for prefix, reason in _CAUSE_REASONS:
+        if problem.startswith(prefix):
+            return reason
+    return "FieldValueInvalid"
+
+
 def invalid_error(rtype: ResourceType, name: str, causes: list[tuple[str, str]]) -> StatusError:
     """422 Invalid naming each (field, problem), in the apiserver's wording."""
     summary = ", ".join(f"{field}: {problem}" for field, problem in causes)
@@ -61,7 +81,7 @@ def invalid_error(rtype: ResourceType, name: str, causes: list[tuple[str, str]])
             "group": rtype.group,
             "kind": rtype.kind,
             "causes": [
-                {"reason": "FieldValueInvalid", "message": problem, "field": field}
+                {"reason": cause_reason(problem), "message": problem, "field": field}
                 for field, problem in causes
             ],
         },
