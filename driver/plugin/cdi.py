@@ -12,19 +12,26 @@ cncf-tags/container-device-interface ``specs-go/version.go``).
 Every value that ends up in a file name passes ``check_name_part`` first: a ``/``, ``..``, an
 unexpected character or an over-long value is a per-claim ``ClaimError``, never a path outside
 the CDI root.
+
+Entries planted under our names are never followed: a symlink, FIFO or anything but a regular file
+where a claim's spec should be is not "the spec": ``ensure_cdi_spec`` removes it and writes ours
+(the atomic rename replaces the entry itself), ``remove_claim_specs`` unlinks a link, not its
+target. Reading other runtimes' specs (``find_spec_for_kind``) never blocks on a FIFO.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
+import stat
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from driver.errors import ClaimError
-from driver.plugin.atomic import write_atomically
+from driver.plugin.atomic import UnsafeEntryError, describe_entry, read_regular_file, write_atomically
 from driver.plugin.sharing.base import ContainerEdits, DeviceNode, Mount
 
 __all__ = [
@@ -35,11 +42,15 @@ __all__ = [
     "claim_spec_path",
     "device_name",
     "ensure_cdi_root",
+    "ensure_cdi_spec",
     "find_spec_for_kind",
     "minimum_cdi_version",
     "parse_container_edits",
     "qualified_device_id",
+    "read_claim_spec",
     "remove_claim_specs",
+    "remove_planted_specs",
+    "spec_in_place",
     "render_claim_spec",
     "render_container_edits",
     "spec_kind",
@@ -60,6 +71,9 @@ SHARE_PREFIX_LENGTH = 8
 _NAME_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 BASE_CDI_VERSION = "0.3.0"
+MAX_FOREIGN_SPEC_BYTES = 64 * 1024 * 1024  # the NVIDIA toolkit's spec of a big node is a few MiB
+
+log = logging.getLogger(__name__)
 
 
 def check_name_part(value: str, *, claim: str, field: str) -> str:
@@ -217,8 +231,34 @@ def write_cdi_spec(cdi_root: str | Path, cdi_class: str, claim_uid: str, spec: M
     return path
 
 
+def spec_in_place(path: Path) -> bool:
+    """True when our spec file is at ``path``: a regular file, checked without following a link.
+    A symlink (say, to another claim's spec), FIFO or other entry there is not ours: logged, False
+    (writing the spec replaces the entry itself; a directory makes that write fail)."""
+    try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        return False
+    if stat.S_ISREG(mode):
+        return True
+    log.warning(
+        "planted entry in place of a CDI spec", extra={"path": str(path), "entry": describe_entry(mode)}
+    )
+    return False
+
+
+def ensure_cdi_spec(cdi_root: str | Path, cdi_class: str, claim_uid: str, spec: Mapping[str, Any]) -> bool:
+    """Write the claim's spec unless our regular file is already there (``spec_in_place``); True
+    when written. Whatever else was there is replaced, never followed or read."""
+    if spec_in_place(claim_spec_path(cdi_root, cdi_class, claim_uid)):
+        return False
+    write_cdi_spec(cdi_root, cdi_class, claim_uid, spec)
+    return True
+
+
 def remove_claim_specs(cdi_root: str | Path, claim_uid: str) -> list[Path]:
-    """Delete every spec file of the claim (all classes); missing files are fine."""
+    """Delete every spec file of the claim (all classes); missing files are fine. A symlink in
+    place of a spec is unlinked (never its target); a directory there is logged and left."""
     removed = []
     for cdi_class in CDI_CLASSES:
         path = claim_spec_path(cdi_root, cdi_class, claim_uid)
@@ -226,7 +266,43 @@ def remove_claim_specs(cdi_root: str | Path, claim_uid: str) -> list[Path]:
             path.unlink()
         except FileNotFoundError:
             continue
+        except IsADirectoryError:
+            log.warning("directory in place of a CDI spec left alone", extra={"path": str(path)})
+            continue
         removed.append(path)
+    return removed
+
+
+def read_claim_spec(path: Path, *, max_bytes: int) -> bytes:
+    """The bytes of one of our spec files: a regular file only, never through a symlink, never
+    blocking on a FIFO (``UnsafeEntryError``, an ``OSError``, otherwise)."""
+    return read_regular_file(path, max_bytes=max_bytes)
+
+
+def remove_planted_specs(cdi_root: str | Path) -> list[Path]:
+    """Start-up hygiene: entries named like our specs (``k8s.fractional.dev-*_*.json``) that are
+    not regular files (a symlink to a foreign spec, a FIFO: planted, never ours) are unlinked,
+    never followed, so that ours are written again in their place; a directory so named is left.
+    Each one is logged. Returns the removed paths."""
+    try:
+        paths = sorted(Path(cdi_root).glob(f"{CDI_VENDOR}-*_*.json"))
+    except OSError:
+        return []
+    removed = []
+    for path in paths:
+        try:
+            mode = path.lstat().st_mode
+            if stat.S_ISREG(mode):
+                continue
+            if not stat.S_ISDIR(mode):
+                path.unlink()
+                removed.append(path)
+        except FileNotFoundError:
+            continue
+        log.warning(
+            "planted entry named like a CDI spec " + ("left alone" if stat.S_ISDIR(mode) else "removed"),
+            extra={"path": str(path), "entry": describe_entry(mode)},
+        )
     return removed
 
 
@@ -235,7 +311,9 @@ def find_spec_for_kind(directories: Iterable[str | Path], kind: str) -> Path | N
     whose ``kind`` is ``kind``, e.g. the NVIDIA toolkit's ``nvidia.com/gpu``; None when there is none.
 
     Missing directories and unreadable or malformed files are skipped (the runtime would skip them
-    too). Only reads files.
+    too), and so are FIFOs and other special files (opened non-blocking, then checked: a FIFO named
+    like a spec never hangs start-up). Symlinks are followed (the runtimes follow them too), to
+    regular files only. Only reads files.
     """
     import yaml  # JSON is YAML too; only the nvml start-up check calls this
 
@@ -246,11 +324,17 @@ def find_spec_for_kind(directories: Iterable[str | Path], kind: str) -> Path | N
         except OSError:
             continue
         for path in paths:
-            if path.suffix not in _SPEC_SUFFIXES or path in seen or not path.is_file():
+            if path.suffix not in _SPEC_SUFFIXES or path in seen:
                 continue
             seen.add(path)
             try:
-                spec = yaml.safe_load(path.read_text())
+                text = read_regular_file(path, max_bytes=MAX_FOREIGN_SPEC_BYTES, follow_symlinks=True)
+                spec = yaml.safe_load(text.decode())
+            except UnsafeEntryError as error:
+                log.info(
+                    "CDI spec directory entry skipped", extra={"path": str(path), "reason": error.problem}
+                )
+                continue
             except (OSError, UnicodeDecodeError, yaml.YAMLError):
                 continue
             if isinstance(spec, Mapping) and spec.get("kind") == kind:

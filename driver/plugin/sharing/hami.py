@@ -22,18 +22,25 @@ is mounted read-only on ``/etc/ld.so.preload`` (so every process loads it, stati
 ``/tmp/vgpulock``. Without it the image must bring HAMi-core itself.
 
 Whole-GPU shares get no edits at all.
+
+Files: nothing under ``<plugin dir>/hami`` is followed (``driver.plugin.atomic``). The claim
+directories and the lock directory are mounted read-write into containers, and a symlink planted as
+``hami``, ``claims``, ``vgpulock`` or ``ld.so.preload`` would make the agent create, chmod or delete
+things outside: such an entry is removed and replaced by ours (logged), and a claim directory is
+removed through its parent's descriptor, never through a link.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-import shutil
 import tempfile
 import threading
 from pathlib import Path
 
 from driver.errors import ClaimError
+from driver.plugin.atomic import UnsafeEntryError, open_directory, read_regular_file, remove_tree
 from driver.plugin.sharing.base import ContainerEdits, Mount, ShareSpec
 
 __all__ = ["HamiBackend"]
@@ -64,12 +71,12 @@ class HamiBackend:
     name = "hami"
 
     def __init__(self, *, plugin_dir: str, library: str | None = None) -> None:
-        self._root = Path(plugin_dir) / "hami"
+        self._plugin_dir = Path(plugin_dir)
+        self._root = self._plugin_dir / "hami"
         self._library = library
         self._lock = threading.Lock()
         self._claims: dict[str, set[_ShareKey]] = {}  # claim UID -> acquired shares
-        for leftover in self._root.glob(f".{self.preload_file.name}.*.tmp"):  # a kill -9 mid-write
-            leftover.unlink(missing_ok=True)
+        self._remove_leftover_temp_files()
         if library and not os.path.isfile(library):
             # The agent may see host paths elsewhere (a hostPath mount), so this is not fatal.
             log.warning("hami library not found from the agent", extra={"path": library})
@@ -108,6 +115,22 @@ class HamiBackend:
             ]
         return ContainerEdits(env=tuple(env), mounts=tuple(mounts))
 
+    def _remove_leftover_temp_files(self) -> None:
+        """Temp files of a preload write a kill -9 interrupted; only inside a real ``hami`` dir."""
+        prefix = f".{self.preload_file.name}."
+        try:
+            with open_directory(self._plugin_dir, self._root.name) as root:
+                for name in os.listdir(root):
+                    if name.startswith(prefix) and name.endswith(".tmp"):
+                        with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+                            os.unlink(name, dir_fd=root)
+        except FileNotFoundError:
+            return
+        except UnsafeEntryError as error:
+            log.warning(
+                "hami directory is a planted entry; replaced on first use", extra={"reason": str(error)}
+            )
+
     def acquire(self, share: ShareSpec) -> None:
         """Create the claim's cache directory (and the preload file and lock directory)."""
         if share.whole_gpu:
@@ -115,10 +138,11 @@ class HamiBackend:
         key = (share.claim_uid, share.device, share.share_id)
         with self._lock:
             try:
-                self.claim_cache_dir(share.claim_uid).mkdir(parents=True, exist_ok=True)
+                with open_directory(self._plugin_dir, "hami", "claims", share.claim_uid, create=True):
+                    pass
                 if self._library:
-                    self.lock_dir.mkdir(parents=True, exist_ok=True)
-                    os.chmod(self.lock_dir, 0o777)  # shared by every container's user
+                    with open_directory(self._plugin_dir, "hami", "vgpulock", create=True) as lock_dir:
+                        os.chmod(lock_dir, 0o777)  # shared by every container's user; the fd, not a path
                     _write_if_changed(self.preload_file, LIBRARY_IN_CONTAINER + "\n")
             except OSError as error:
                 raise ClaimError(
@@ -137,7 +161,17 @@ class HamiBackend:
             if keys:
                 return
             self._claims.pop(share.claim_uid, None)
-            shutil.rmtree(self.claim_cache_dir(share.claim_uid), ignore_errors=True)
+            try:
+                remove_tree(self._plugin_dir, "hami", "claims", share.claim_uid)
+            except OSError as error:  # the directory stays behind; nothing else depends on it
+                log.warning(
+                    "hami claim directory not removed",
+                    extra={
+                        "claim_uid": share.claim_uid,
+                        "path": str(self.claim_cache_dir(share.claim_uid)),
+                        "error": str(error),
+                    },
+                )
 
     def close(self) -> None:
         return None  # nothing runs on the node; cache directories outlive a restart on purpose
@@ -147,12 +181,15 @@ class HamiBackend:
 
 
 def _write_if_changed(path: Path, text: str) -> None:
+    """Keep our regular file when it already says ``text``; anything else there (another text, a
+    symlink, a FIFO) is replaced by a regular file: the rename replaces the entry, not a target."""
     try:
-        if path.read_text() == text:
+        if read_regular_file(path, max_bytes=4096) == text.encode():
             return
     except FileNotFoundError:
         pass
-    path.parent.mkdir(parents=True, exist_ok=True)
+    except UnsafeEntryError as error:  # a directory there fails the rename below: a ClaimError
+        log.warning("planted entry replaced", extra={"path": str(path), "reason": str(error)})
     fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as handle:
