@@ -20,6 +20,10 @@ Versions: ``v2`` (this one) adds the ``RecoveredFromCDI`` phase and ``share.clai
 file (written by earlier agents) is read as is and rewritten as ``v2`` on the next change. Any other
 version is treated like a corrupt file. A path that exists but is not a regular file (a directory)
 is a ``ConfigError`` naming it: moving it aside could hide an operator's mistake.
+
+A write that fails (a full disk, a read-only mount) raises ``FileWriteError`` and changes nothing:
+``CheckpointStore`` keeps in memory only what the file holds, so a change the file does not have is
+never seen by the next transaction (or answered to the kubelet's retry).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import hashlib
 import json
 import logging
 import os
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -38,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from driver.errors import ConfigError, FractionalError
-from driver.plugin.atomic import write_atomically
+from driver.plugin.atomic import UnsafeEntryError, read_regular_file, write_atomically
 from driver.plugin.devices import PreparedDevice
 from driver.plugin.metrics import CHECKPOINT_CORRUPT_TOTAL
 
@@ -49,6 +54,7 @@ __all__ = [
     "CheckpointCorruptError",
     "CheckpointStore",
     "ClaimPhase",
+    "FileWriteError",
     "PreparedClaim",
     "parse_checkpoint",
     "read_boot_id",
@@ -57,6 +63,8 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+MAX_CHECKPOINT_BYTES = 64 * 1024 * 1024  # far above any real node's; a larger file is not ours
 
 API_VERSION = "checkpoint.fractional.dev/v2"
 READABLE_VERSIONS = ("checkpoint.fractional.dev/v1", API_VERSION)  # older ones are migrated on read
@@ -74,6 +82,16 @@ class ClaimPhase(StrEnum):
 class CheckpointCorruptError(FractionalError):
     def __init__(self, *, path: Path, problem: str) -> None:
         super().__init__(f"checkpoint {path}: {problem}")
+        self.path = path
+        self.problem = problem
+
+
+class FileWriteError(FractionalError):
+    """A file the node agent must write (the checkpoint, a CDI spec) could not be written: the disk
+    is full, the mount read-only. Nothing was changed; the RPC fails and the kubelet retries."""
+
+    def __init__(self, *, path: Path, problem: str) -> None:
+        super().__init__(f"{path}: not written: {problem}")
         self.path = path
         self.problem = problem
 
@@ -177,14 +195,16 @@ def read_checkpoint(path: Path) -> Checkpoint:
     """A missing file reads as an empty checkpoint; a directory (or another non-file) in its place
     is a ``ConfigError`` naming the path; a file that cannot be read raises ``CheckpointCorruptError``."""
     try:
-        data = path.read_bytes()
+        data = read_regular_file(path, max_bytes=MAX_CHECKPOINT_BYTES)  # no link followed, no FIFO waited on
     except FileNotFoundError:
         return Checkpoint()
-    except IsADirectoryError as error:
-        raise ConfigError(
-            field="--plugin-dir (FRACTIONAL_PLUGIN_DIR)",
-            problem=f"{path} is a directory, not the checkpoint file; remove or rename it",
-        ) from error
+    except UnsafeEntryError as error:
+        if stat.S_ISDIR(path.lstat().st_mode):
+            raise ConfigError(
+                field="--plugin-dir (FRACTIONAL_PLUGIN_DIR)",
+                problem=f"{path} is a directory, not the checkpoint file; remove or rename it",
+            ) from error
+        raise CheckpointCorruptError(path=path, problem=error.problem) from error
     except OSError as error:
         raise CheckpointCorruptError(path=path, problem=f"unreadable: {error.strerror}") from error
     return parse_checkpoint(data, path)
@@ -208,6 +228,12 @@ class CheckpointStore:
     place. One writer at a time renders and replaces the file with the newest checkpoint, so
     concurrent Prepares of different claims share writes instead of queueing for one each.
     Lock order: ``lock`` is never held while waiting for ``_write_lock``.
+
+    Failed writes. A committed change is visible to later transactions before it reaches the file
+    (so that concurrent Prepares check each other), but only until a write fails: then memory goes
+    back to what the file holds, and every transaction whose change was not written (the failed
+    one, those waiting on it, those that built on it) raises ``FileWriteError``. A transaction
+    returns normally only once the file holds its change.
 
     Durability: every write is an atomic replace (temp file + rename), which survives a crash of
     the agent (the page cache survives it); the checkpoint is *not* fsynced. A power loss changes
@@ -233,9 +259,11 @@ class CheckpointStore:
         self.lock = threading.Lock()  # guards the fields below; never held across an API call
         self._write_lock = threading.Lock()  # one writer at a time
         self._cache = cache
-        self._current: Checkpoint | None = None
-        self._version = 0  # changes made in memory
-        self._written = 0  # changes in the file
+        self._current: Checkpoint | None = None  # the file's content plus changes being written
+        self._durable: Checkpoint | None = None  # the file's content
+        self._version = 0  # changes made in memory, counted
+        self._pending: set[int] = set()  # changes in memory, not yet in the file
+        self._dropped: dict[int, str] = {}  # changes a failed write dropped -> the problem
 
     def _load_locked(self) -> Checkpoint:
         if self._cache and self._current is not None:
@@ -270,13 +298,12 @@ class CheckpointStore:
                     )
                     self._save_recovered(recovered)
                     checkpoint = recovered
-        self._current = checkpoint
+        self._current = self._durable = checkpoint
         return checkpoint
 
     def _save_recovered(self, checkpoint: Checkpoint) -> None:
-        self._version += 1
+        """Under ``lock``, while loading (no change is pending then): write at once."""
         self._write(checkpoint)
-        self._written = self._version
 
     def load(self) -> Checkpoint:
         """The current checkpoint; a corrupt file is logged, counted, renamed aside and read as empty."""
@@ -294,6 +321,7 @@ class CheckpointStore:
             self._current = tx.result
             self._version += 1
             version = self._version
+            self._pending.add(version)
         self._flush(version)
 
     def update(self, change: Callable[[Checkpoint], Checkpoint]) -> Checkpoint:
@@ -303,25 +331,53 @@ class CheckpointStore:
         return tx.result
 
     def _flush(self, version: int) -> None:
+        """Return once the file holds change ``version``; ``FileWriteError`` when a write failed
+        before it got there (the change is then gone from memory too)."""
         with self._write_lock:
             with self.lock:
-                if self._written >= version:
+                problem = self._dropped.pop(version, None)
+                if problem is not None:
+                    raise FileWriteError(
+                        path=self.path, problem=f"{problem} (while writing an earlier change)"
+                    )
+                if version not in self._pending:
                     return  # another writer's file already holds this change
                 checkpoint, newest = self._current, self._version
             assert checkpoint is not None
-            self._write(checkpoint)
+            try:
+                self._write(checkpoint)
+            except FileWriteError as error:
+                with self.lock:
+                    # Every change not in the file goes, also those made since the snapshot: they
+                    # were checked against it. Their transactions raise too.
+                    self._current = self._durable
+                    dropped = len(self._pending)
+                    self._dropped.update(
+                        (pending, error.problem) for pending in self._pending if pending != version
+                    )
+                    self._pending.clear()
+                log.error(
+                    "checkpoint not written; changes not in the file dropped",
+                    extra={"path": str(self.path), "problem": error.problem, "changes": dropped},
+                )
+                raise
             with self.lock:
-                self._written = newest
+                self._pending = {pending for pending in self._pending if pending > newest}
+                self._durable = checkpoint
 
     def _write(self, checkpoint: Checkpoint) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomically(
-            self.path,
-            render_checkpoint(checkpoint, self.boot_id),
-            mode=0o600,
-            fsync_file=False,
-            fsync_directory=False,
-        )
+        """``FileWriteError`` when the file cannot be written; the old file is then left as it was."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomically(
+                self.path,
+                render_checkpoint(checkpoint, self.boot_id),
+                mode=0o600,
+                fsync_file=False,
+                fsync_directory=False,
+            )
+        except OSError as error:
+            raise FileWriteError(path=self.path, problem=error.strerror or repr(error)) from error
 
 
 class _Transaction:

@@ -15,6 +15,11 @@ Container environment (the FRACTIONAL_* part is ours; sharing backends add their
 - every NIC of a claim: ``FRACTIONAL_NIC_INTERFACE``, ``NCCL_SOCKET_IFNAME`` (interface names) and,
   for RDMA NICs, ``FRACTIONAL_NIC_RDMA_DEVICE`` and ``NCCL_IB_HCA`` (comma-separated likewise),
   plus on real hosts the ``/dev/infiniband`` nodes (``uverbsN`` of each NIC and ``rdma_cm``).
+
+``published_capacity(gpu)`` is what ``driver.slices`` publishes for a GPU (``memory`` rounded down to
+256Mi, ``compute`` 100): the node agent refuses shares that would take a GPU past it.
+``PreparedDevice.allocation_key()`` is what the API decided for a device (device, share, limits),
+without what this agent version renders from it: two computations of one allocation have equal keys.
 """
 
 from __future__ import annotations
@@ -42,8 +47,10 @@ from driver.plugin.gpuconfig import GpuConfig, resolve_share_configs
 from driver.plugin.sharing.base import ContainerEdits, DeviceNode, ShareSpec, SharingBackend
 
 __all__ = [
+    "COMPUTE_CAPACITY_PERCENT",
     "MEMORY_STEP_BYTES",
     "BackendChoice",
+    "DeviceCapacity",
     "DeviceKind",
     "PrepareSettings",
     "PreparedDevice",
@@ -51,10 +58,12 @@ __all__ = [
     "compute_prepared_devices",
     "deduplicated_edits",
     "make_claim_ref",
+    "published_capacity",
 ]
 
 # published memory is rounded down to this (docs/architecture.md: The share model)
 MEMORY_STEP_BYTES = 256 * 1024 * 1024
+COMPUTE_CAPACITY_PERCENT = 100  # a GPU's published ``compute`` capacity
 RDMA_CM_NODE = "/dev/infiniband/rdma_cm"
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -73,6 +82,25 @@ class BackendChoice:
 
 
 @dataclass(frozen=True, slots=True)
+class DeviceCapacity:
+    """A GPU's consumable capacities as its ResourceSlice publishes them."""
+
+    memory_bytes: int
+    compute_percent: int
+
+
+def published_capacity(gpu: GPU) -> DeviceCapacity:
+    """Pure: the ``memory`` and ``compute`` capacity ``driver.slices.build_gpu_device`` publishes."""
+    return DeviceCapacity(
+        memory_bytes=gpu.memory_bytes // MEMORY_STEP_BYTES * MEMORY_STEP_BYTES,
+        compute_percent=COMPUTE_CAPACITY_PERCENT,
+    )
+
+
+AllocationKey = tuple[object, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class PreparedDevice:
     """One allocation result of a prepared claim: what the kubelet gets and what CDI injects."""
 
@@ -87,6 +115,32 @@ class PreparedDevice:
     admin_access: bool = False
     share: ShareSpec | None = None  # GPUs only
     backend: str | None = None  # GPUs only: the sharing backend enforcing ``share``
+
+    def allocation_key(self) -> AllocationKey:
+        """What the API allocated and the limits enforced on it; container edits and CDI ids, which
+        an agent upgrade may render differently, are left out."""
+        share = self.share
+        limits = (
+            None
+            if share is None
+            else (
+                share.gpu_uuid,
+                share.memory_bytes,
+                share.compute_percent,
+                share.whole_gpu,
+                share.backend_options,
+            )
+        )
+        return (
+            str(self.kind),
+            self.request_names,
+            self.pool,
+            self.device,
+            self.share_id,
+            self.admin_access,
+            self.backend,
+            limits,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -155,6 +209,7 @@ class PrepareSettings:
     """Node-wide inputs of ``compute_prepared_devices`` (fixed for the agent's lifetime)."""
 
     default_backend: str = "none"  # --sharing
+    allow_claim_backend_override: bool = True  # false: a FromClaim config naming a backend is refused
     backends: Mapping[str, SharingBackend] = field(default_factory=dict)
     pool_name: str | None = None  # None: the node name (node-local pool)
     toolkit_cdi: bool = False  # real GPUs: also hand out the NVIDIA toolkit's nvidia.com/gpu=<uuid>
@@ -203,7 +258,7 @@ def _quantity(claim: Claim, result: AllocationResult, name: str) -> int | None:
 def _gpu_share(
     claim: Claim, result: AllocationResult, gpu: GPU, ordinal: int, choice: BackendChoice
 ) -> ShareSpec:
-    published_memory = gpu.memory_bytes // MEMORY_STEP_BYTES * MEMORY_STEP_BYTES
+    published_memory = published_capacity(gpu).memory_bytes
     if result.share_id is None:  # exclusive allocation: the whole GPU
         memory, compute = gpu.memory_bytes, 100
     else:
@@ -266,7 +321,11 @@ def compute_prepared_devices(
     uid = cdi.check_name_part(claim.uid, claim=claim.key, field="metadata.uid")
     pool_name = settings.pool_name or inventory.node_name
     check_node_selector(claim.body, inventory.node_name, claim.key)
-    configs = resolve_share_configs(claim.body) if claim.results else {}
+    configs = (
+        resolve_share_configs(claim.body, allow_claim_backend=settings.allow_claim_backend_override)
+        if claim.results
+        else {}
+    )
     gpus: list[tuple[AllocationResult, GPU, ShareSpec, str, SharingBackend]] = []
     nics: list[tuple[AllocationResult, NIC]] = []
     for result in claim.results:

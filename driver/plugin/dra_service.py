@@ -8,7 +8,10 @@ requested UID gets an entry. A GET that fails transiently (connection, 429, 5xx)
 claim's error: the kubelet retries the pod either way, and one claim the API cannot serve must not
 stop the rest. After a successful prepare (and an unprepare of a claim that was prepared) the
 optional ``ClaimStatusSink`` is told; it only enqueues (``driver.plugin.status``), so
-``status.devices`` never delays or fails the answer to the kubelet.
+``status.devices`` never delays or fails the answer to the kubelet. A claim refused because its
+share cannot be prepared here (``ShareRefusedError``: over the GPU's capacity, or a sharing backend
+that cannot join its shares) is reported too (``refused``), with the error the kubelet gets: no
+retry of the kubelet's can succeed, and the allocation controller replaces the pod.
 
 Deadline: the kubelet gives each call 45 s. When the call's deadline (``time_remaining``) passes
 while claims are being read, the call answers DEADLINE_EXCEEDED at once, reads not yet started are
@@ -36,7 +39,8 @@ from driver.plugin.claims import Claim, ClaimRef, bounded
 from driver.plugin.devices import PreparedDevice, make_claim_ref
 from driver.plugin.metrics import CLAIM_OPERATIONS_TOTAL, RPC_SECONDS
 from driver.plugin.proto_gen import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
-from driver.plugin.state import DeviceState
+from driver.plugin.state import DeviceState, ShareRefusedError
+from driver.plugin.status import ShareRefusal
 
 __all__ = [
     "FETCH_WORKERS",
@@ -67,6 +71,8 @@ class ClaimStatusSink(Protocol):
     def prepared(self, ref: ClaimRef, devices: tuple[PreparedDevice, ...]) -> None: ...
 
     def unprepared(self, ref: ClaimRef) -> None: ...
+
+    def refused(self, ref: ClaimRef, refusal: ShareRefusal) -> None: ...
 
 
 class DeadlineExceeded(Exception):
@@ -161,6 +167,17 @@ class DRAServicer:
         CLAIM_OPERATIONS_TOTAL.labels(operation=operation, result="error").inc()
         return reason
 
+    def _report_refusal(self, claim: Claim, error: ShareRefusedError, reason: str) -> None:
+        if self._status is None:
+            return
+        share_ids = tuple(
+            result.share_id
+            for result in claim.results
+            if result.pool == error.pool and result.device == error.device_name
+        )
+        refusal = ShareRefusal(pool=error.pool, device=error.device_name, share_ids=share_ids, message=reason)
+        self._status.refused(claim.ref, refusal)
+
     def NodePrepareResources(self, request: Any, context: grpc.ServicerContext) -> Any:
         started = time.perf_counter()
         results: dict[str, Any] = {}
@@ -198,6 +215,9 @@ class DRAServicer:
                 outcome = outcomes[uid]
                 if isinstance(outcome, ClaimError):
                     reason = self._claim_failed("prepare", uid, outcome)
+                    claim = fetched.get(uid)
+                    if isinstance(outcome, ShareRefusedError) and isinstance(claim, Claim):
+                        self._report_refusal(claim, outcome, reason)
                     results[uid] = self._pb.NodePrepareResourceResponse(error=reason)
                     continue
                 CLAIM_OPERATIONS_TOTAL.labels(operation="prepare", result="ok").inc()

@@ -237,12 +237,14 @@ def _applies(requests: tuple[str, ...], request: str) -> bool:
 
 
 def resolve_share_configs(
-    claim: Mapping[str, Any], *, driver: str = DRIVER_NAME
+    claim: Mapping[str, Any], *, driver: str = DRIVER_NAME, allow_claim_backend: bool = True
 ) -> dict[str, GpuConfig | None]:
     """Each of our allocated results' request name (``req`` or ``req/sub``) -> its effective config.
 
     Pure. Every config entry for ``driver`` is decoded (a bad one fails the claim even when no
-    result uses it); entries for other drivers are ignored. ``None``: no config applies.
+    result uses it); entries for other drivers are ignored. ``None``: no config applies. Without
+    ``allow_claim_backend`` (the admin's ``--allow-claim-backend-override=false``), a claim's own
+    entry (``FromClaim``) that names ``sharing.backend`` fails the claim, naming that field.
     """
     key = claim_key(claim)
     devices = ((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}
@@ -262,6 +264,14 @@ def resolve_share_configs(
                 problem=f"{quoted(source)} is not one of FromClass, FromClaim",
             )
         config = parse_gpu_config(opaque.get("parameters"), claim=key, path=f"{path}.opaque.parameters")
+        if source == "FromClaim" and config.sharing.backend is not None and not allow_claim_backend:
+            raise ClaimError(
+                claim=key,
+                field=f"{path}.opaque.parameters.sharing.backend",
+                problem=f"set to {quoted(config.sharing.backend)}, but this node does not let claims choose "
+                "the sharing backend (--allow-claim-backend-override=false): remove it; the node's "
+                "--sharing or the DeviceClass's config decides",
+            )
         raw_requests = entry.get("requests") or ()
         if not isinstance(raw_requests, list | tuple):
             raise ClaimError(claim=key, field=f"{path}.requests", problem="expected a list")

@@ -12,9 +12,12 @@ __all__ = [
     "CHECKPOINT_CORRUPT_TOTAL",
     "CLAIM_OPERATIONS_TOTAL",
     "CLAIM_STATUS_WRITES_TOTAL",
+    "GPUS_CLAIMED_ELSEWHERE",
     "HEALTH_CHANGES_TOTAL",
     "HEALTH_STREAMS",
     "PREPARED_CLAIMS",
+    "PREPARES_REDONE_TOTAL",
+    "PREPARE_REFUSED_TOTAL",
     "REGISTERED",
     "REGISTRATION_NOTIFICATIONS_TOTAL",
     "RPC_SECONDS",
@@ -55,6 +58,25 @@ CHECKPOINT_CORRUPT_TOTAL = Counter(
     "Checkpoint files found corrupt and set aside",
 )
 PREPARED_CLAIMS = Gauge("fractional_plugin_prepared_claims", "Claims in the checkpoint")
+PREPARE_REFUSED_TOTAL = Counter(
+    "fractional_plugin_prepare_refused",
+    "Allocated claims the node agent refused to prepare, by reason (overcommit: a share would take a "
+    "GPU past its published memory or compute capacity)",
+    ["reason"],
+)
+PREPARES_REDONE_TOTAL = Counter(
+    "fractional_plugin_prepares_redone",
+    "Prepared claims prepared again from scratch, by reason (reallocated: the API allocated other "
+    "devices, shares or limits under the same claim UID; the old ones were released first)",
+    ["reason"],
+)
 HEALTH_STREAMS = Gauge(
     "fractional_plugin_health_streams", "Open NodeWatchResources streams (each holds a worker)"
+)
+GPUS_CLAIMED_ELSEWHERE = Gauge(
+    "fractional_plugin_gpus_claimed_elsewhere",
+    "GPUs of this node also handed out by NVIDIA's device plugin (claimed_by=device-plugin: the Node "
+    "advertises nvidia.com/gpu, so all of them) or published by another DRA driver with the same UUID "
+    "(claimed_by=dra-driver); withheld from the slices unless --withhold-claimed-gpus=false",
+    ["node", "claimed_by"],
 )

@@ -5,8 +5,39 @@ Prepare = pure compute (``compute_prepared_devices``), then recorded effects: ch
 ``PrepareCompleted`` -> CDI spec files, last, because the runtime reads them. A claim found
 completed during this boot answers the recorded devices (same CDI ids) and re-writes a missing CDI
 file; one found started, or completed during an earlier boot, has its effects redone.
-Unprepare never needs the API object: CDI files first, then ``release``, then the checkpoint entry;
-unknown claims succeed.
+Unprepare never needs the API object: the entry goes back to ``PrepareStarted`` (its effects are no
+longer vouched for), then CDI files, ``release``, and the entry is removed; unknown claims succeed.
+
+Failed writes (a full disk, a read-only mount). The checkpoint in memory changes only once its file
+holds the change (``CheckpointStore``); a write that fails raises ``FileWriteError``, which fails the
+RPC, and the kubelet retries. What a failure leaves is always what the checkpoint says, and the
+retry converges: a failed ``PrepareStarted`` leaves nothing; after a failed ``PrepareCompleted`` or
+CDI write the call's claims are undone like an Unprepare as far as the disk lets that be recorded (a
+claim whose demotion cannot be written keeps its effects and its ``PrepareCompleted`` entry, and the
+retry re-creates its CDI file; one whose removal cannot be written stays ``PrepareStarted`` without
+effects, and the retry redoes it). An Unprepare whose write fails is not answered: its retry
+releases again (idempotent) and records it. A restart in between restores only ``PrepareCompleted``
+entries, so nothing an Unprepare began comes back.
+
+Capacity. Besides exclusivity (a device prepared whole, or one share id, for one claim only), a share
+is refused when it would take its GPU past the capacity the agent publishes (``published_capacity``:
+``memory`` and ``compute``), counting every other claim prepared (or started) on that GPU and the
+claims before it in the same call; the claim's own earlier record is never counted. The refusal is
+the claim's ``CapacityExceededError`` naming device, dimension, requested, already prepared and
+capacity, one log line, and ``fractional_plugin_prepare_refused_total{reason="overcommit"}``. It and
+the refusal of a share whose sharing backend cannot join the GPU's shares (MPS mixes with nothing
+else) are ``ShareRefusedError``s: no retry helps, the claim needs a new allocation, and the DRA
+service records the refusal on the claim (``status.devices``, reason ``ShareRefused``).
+
+Re-allocation under the same UID (an Unprepare was missed, or a failed one retried no more). The
+recomputed devices are compared with the recorded ones (``PreparedDevice.allocation_key``: device,
+share, limits, backend; for ``RecoveredFromCDI`` entries what their CDI spec kept: device and share-id
+prefix). When they differ the prepare is redone, never answered from the record and never refused:
+the recorded preparation is undone first, exactly like an Unprepare (CDI files, shares, entry), then
+the new allocation is prepared like a claim never seen (checked against the other claims like any).
+The API's allocation is the truth: the old devices are the API's to give to other claims already,
+and refusing would keep them blocked until the kubelet's Unprepare. Logged, and counted in
+``fractional_plugin_prepares_redone_total{reason="reallocated"}``.
 
 Batches. ``prepare_many`` prepares the claims of one NodePrepareResources call together: one
 checkpoint write records every claim's ``PrepareStarted``, one every ``PrepareCompleted`` (writes
@@ -34,6 +65,7 @@ claims are fetched before ``prepare`` is called.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import json
 import logging
@@ -45,24 +77,37 @@ from pathlib import Path
 from driver.errors import ClaimError
 from driver.inventory.model import NodeInventory
 from driver.plugin import cdi
-from driver.plugin.checkpoint import FILE_NAME, Checkpoint, CheckpointStore, ClaimPhase, PreparedClaim
+from driver.plugin.atomic import open_lock_file
+from driver.plugin.checkpoint import (
+    FILE_NAME,
+    Checkpoint,
+    CheckpointStore,
+    ClaimPhase,
+    FileWriteError,
+    PreparedClaim,
+)
 from driver.plugin.claims import Claim, ClaimRef
 from driver.plugin.devices import (
     MEMORY_STEP_BYTES,
+    DeviceCapacity,
     DeviceKind,
     PreparedDevice,
     PrepareSettings,
     compute_prepared_devices,
+    published_capacity,
 )
 from driver.plugin.gpuconfig import check_backend_compatible
-from driver.plugin.metrics import PREPARED_CLAIMS
+from driver.plugin.metrics import PREPARE_REFUSED_TOTAL, PREPARED_CLAIMS, PREPARES_REDONE_TOTAL
 from driver.plugin.sharing.base import ShareSpec
+from driver.slices import format_binary_quantity
 
 __all__ = [
     "SERIALIZE_LOCK_NAME",
+    "CapacityExceededError",
     "DeviceState",
     "EffectHook",
     "PrepareOutcome",
+    "ShareRefusedError",
     "recover_claims_from_cdi",
     "remove_leftover_temp_files",
 ]
@@ -79,7 +124,56 @@ SERIALIZE_LOCK_NAME = "serialize.lock"
 EffectHook = Callable[[str, str], None]
 """Called as ``hook(effect, claim_uid)`` right after each effect (crash tests stop the process there):
 ``checkpoint-started``, ``shares-acquired``, ``checkpoint-completed``, ``cdi-written``,
-``cdi-removed``, ``shares-released``, ``checkpoint-removed``."""
+``checkpoint-unpreparing`` (the entry is back to ``PrepareStarted``), ``cdi-removed``,
+``shares-released``, ``checkpoint-removed``."""
+
+
+class ShareRefusedError(ClaimError):
+    """A share of ``pool``/``device_name`` that this node refuses although the allocation names it:
+    it would take the GPU past its published capacity, or its sharing backend cannot live beside the
+    GPU's other shares. Retrying cannot help: the claim needs a new allocation (the agent records
+    the refusal in the claim's ``status.devices``, ``driver.plugin.status``)."""
+
+    def __init__(self, *, claim: str, field: str, problem: str, pool: str, device_name: str) -> None:
+        super().__init__(claim=claim, field=field, problem=problem)
+        self.pool = pool
+        self.device_name = device_name
+
+
+class CapacityExceededError(ShareRefusedError):
+    """A share would take a device past its published capacity (one dimension: memory or compute)."""
+
+    def __init__(
+        self,
+        *,
+        claim: str,
+        device: str,
+        dimension: str,
+        requested: int,
+        prepared: int,
+        capacity: int,
+        holders: int,
+    ) -> None:
+        def amount(value: int) -> str:
+            return (
+                f"{format_binary_quantity(value)} ({value} bytes)" if dimension == "memory" else f"{value}%"
+            )
+
+        pool, _, device_name = device.rpartition("/")  # "pool/device": device names hold no slash
+        super().__init__(
+            claim=claim,
+            field=f"device {device}",
+            problem=f"{dimension}: requested {amount(requested)} with {amount(prepared)} already prepared "
+            f"for {holders} other claim{'s' if holders != 1 else ''}: "
+            f"over the capacity of {amount(capacity)}",
+            pool=pool,
+            device_name=device_name,
+        )
+        self.device = device
+        self.dimension = dimension
+        self.requested = requested
+        self.prepared = prepared
+        self.capacity = capacity
 
 
 class _ClaimLocks:
@@ -131,6 +225,10 @@ class DeviceState:
         self._claim_locks = _ClaimLocks()
         self._effect_hook = effect_hook
         self._recovered_shares: dict[str, tuple[PreparedDevice, ...]] = {}  # under the claim's lock
+        self._capacities = {
+            (settings.pool_name or inventory.node_name, gpu.name): published_capacity(gpu)
+            for gpu in inventory.gpus
+        }
         cdi.ensure_cdi_root(self._cdi_root)
 
     @property
@@ -145,7 +243,7 @@ class DeviceState:
             if self._serialize_lock_path is None:
                 yield
                 return
-            fd = os.open(self._serialize_lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+            fd = open_lock_file(self._serialize_lock_path)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)  # blocks this worker thread only; the holder needs none
                 yield
@@ -160,7 +258,7 @@ class DeviceState:
             for uid in sorted(set(claim_uids)):
                 stack.enter_context(self._claim_locks.hold(uid))
             if self._serialize_lock_path is not None:
-                fd = os.open(self._serialize_lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+                fd = open_lock_file(self._serialize_lock_path)
                 stack.callback(os.close, fd)  # releases the flock
                 fcntl.flock(fd, fcntl.LOCK_EX)
             yield
@@ -170,6 +268,7 @@ class DeviceState:
             self._effect_hook(effect, claim_uid)
 
     def _update_checkpoint(self, change: Callable[[Checkpoint], Checkpoint]) -> None:
+        """Raises ``FileWriteError`` (and changes nothing) when the file cannot be written."""
         checkpoint = self._store.update(change)
         PREPARED_CLAIMS.set(len(checkpoint.claims))
 
@@ -185,7 +284,8 @@ class DeviceState:
     def prepare_many(self, claims: Sequence[Claim]) -> dict[str, PrepareOutcome]:
         """Prepare ``claims`` together (one NodePrepareResources call): claim UID -> its devices or
         its ``ClaimError``. A claim that fails leaves nothing behind and never fails the others; an
-        unexpected error (a bug, a full disk) undoes every claim this call started, then propagates."""
+        unexpected error (a bug, a full disk: ``FileWriteError``) undoes every claim this call
+        started, as far as the checkpoint can record it, then propagates."""
         outcomes: dict[str, PrepareOutcome] = {}
         computed: dict[str, tuple[Claim, tuple[PreparedDevice, ...]]] = {}
         for claim in claims:
@@ -201,21 +301,53 @@ class DeviceState:
         if not computed:
             return outcomes
         with self._serialized_many(list(computed)):
-            started = self._record_started(computed, outcomes)
-            if started:
-                self._run_prepare_effects(started, outcomes)
+            for uid, release_error in self._undo_reallocated(computed).items():
+                outcomes[uid] = release_error
+                del computed[uid]
+            started, current = self._record_started(computed, outcomes)
+            self._run_prepare_effects(started, current, outcomes)
         return outcomes
+
+    def _undo_reallocated(
+        self, computed: Mapping[str, tuple[Claim, tuple[PreparedDevice, ...]]]
+    ) -> dict[str, ClaimError]:
+        """Unprepare the recorded preparation of every claim the API has re-allocated since (other
+        devices, shares or limits under the same UID); returns the claims whose old shares could
+        not be released (they are not prepared again). ``FileWriteError`` propagates."""
+        claims = self._store.load().claims
+        stale: dict[str, PreparedClaim] = {}
+        for uid, (claim, devices) in computed.items():
+            entry = claims.get(uid)
+            if entry is None or _same_allocation(entry, devices):
+                continue
+            stale[uid] = entry
+            log.warning(
+                "claim re-allocated since it was prepared; undoing the old preparation, preparing the new",
+                extra={
+                    "claim_uid": uid,
+                    "claim": claim.key,
+                    "phase": str(entry.phase),
+                    "recorded_devices": [f"{d.pool}/{d.device}:{d.share_id}" for d in entry.devices][:8],
+                    "allocated_devices": [f"{d.pool}/{d.device}:{d.share_id}" for d in devices][:8],
+                },
+            )
+        if not stale:
+            return {}
+        errors = self._unprepare_entries(list(stale), stale)  # a recovered claim's start-up hold too
+        PREPARES_REDONE_TOTAL.labels(reason="reallocated").inc(len(stale) - len(errors))
+        return errors
 
     def _record_started(
         self,
         computed: Mapping[str, tuple[Claim, tuple[PreparedDevice, ...]]],
         outcomes: dict[str, PrepareOutcome],
-    ) -> dict[str, tuple[Claim, tuple[PreparedDevice, ...]]]:
+    ) -> tuple[dict[str, tuple[Claim, tuple[PreparedDevice, ...]]], dict[str, tuple[PreparedDevice, ...]]]:
         """One transaction: check every claim against the checkpoint (and the claims before it in
-        this call) and record ``PrepareStarted``. Claims completed during this boot are answered
-        from the checkpoint (a missing CDI file is re-created). Returns the claims to run."""
+        this call) and record ``PrepareStarted``. Returns the claims to run and the claims completed
+        during this boot (answered from the checkpoint). ``FileWriteError``: nothing was recorded."""
         started: dict[str, tuple[Claim, tuple[PreparedDevice, ...]]] = {}
         current: dict[str, tuple[PreparedDevice, ...]] = {}
+        recovered: dict[str, tuple[PreparedDevice, ...]] = {}
         with self._store.transaction() as tx:
             claims = dict(tx.checkpoint.claims)
             held = _DeviceIndex(claims.values())
@@ -228,6 +360,23 @@ class DeviceState:
                     devices = entry.devices  # recorded by an earlier attempt: redo exactly that
                 try:
                     held.check_not_in_use(claim, devices)
+                    held.check_capacity(claim, devices, self._capacities)
+                except CapacityExceededError as error:
+                    outcomes[uid] = error
+                    PREPARE_REFUSED_TOTAL.labels(reason="overcommit").inc()
+                    log.warning(
+                        "claim refused: device over capacity",
+                        extra={
+                            "claim_uid": uid,
+                            "claim": claim.key,
+                            "device": error.device,
+                            "dimension": error.dimension,
+                            "requested": error.requested,
+                            "prepared": error.prepared,
+                            "capacity": error.capacity,
+                        },
+                    )
+                    continue
                 except ClaimError as error:
                     outcomes[uid] = error
                     continue
@@ -243,23 +392,27 @@ class DeviceState:
                 claims[uid] = record
                 started[uid] = (claim, devices)
                 if entry is not None and entry.phase is ClaimPhase.RECOVERED:
-                    self._recovered_shares[uid] = entry.devices
+                    recovered[uid] = entry.devices
             if started:
                 tx.commit(Checkpoint(boot_id=tx.checkpoint.boot_id, claims=claims))
-        for uid, devices in current.items():
-            self._ensure_cdi_specs(uid, devices)
-            outcomes[uid] = devices
-        return started
+        self._recovered_shares.update(recovered)  # only once the file says PrepareStarted
+        return started, current
 
     def _run_prepare_effects(
         self,
         started: Mapping[str, tuple[Claim, tuple[PreparedDevice, ...]]],
+        current: Mapping[str, tuple[PreparedDevice, ...]],
         outcomes: dict[str, PrepareOutcome],
     ) -> None:
         for uid in started:
             self._effect("checkpoint-started", uid)
         pending = dict(started)  # started here and not yet finished or undone
         try:
+            for uid, devices in current.items():
+                self._ensure_cdi_specs(uid, devices)
+                outcomes[uid] = devices
+            if not started:
+                return
             failed: list[str] = []
             for uid, (_claim, devices) in started.items():
                 try:
@@ -296,11 +449,26 @@ class DeviceState:
         except Exception:
             # Undo, then re-raise. A BaseException (exit, kill) is a crash: the restart recovers.
             self._release_recovered(started)
-            for uid, (_claim, devices) in pending.items():
-                cdi.remove_claim_specs(self._cdi_root, uid)
-                self._release(uid, devices)
-            self._update_checkpoint(lambda checkpoint: _with_changes(checkpoint, {}, list(pending)))
+            self._undo_after_error(pending)
             raise
+
+    def _undo_after_error(self, pending: Mapping[str, tuple[Claim, tuple[PreparedDevice, ...]]]) -> None:
+        """Undo the claims of a prepare that failed midway, like an Unprepare of each; what the
+        checkpoint cannot record (a full disk) is left as the checkpoint says, and logged."""
+        if not pending:
+            return
+        claims = self._store.load().claims
+        entries = {uid: claims[uid] for uid in pending if uid in claims}
+        try:
+            errors = self._unprepare_entries(list(pending), entries)
+        except FileWriteError as error:
+            log.error(
+                "failed prepare not fully undone; the checkpoint says what is left",
+                extra={"claims": sorted(pending)[:20], "reason": str(error)},
+            )
+            return
+        for uid, claim_error in errors.items():
+            log.error("failed prepare not undone", extra={"claim_uid": uid, "reason": str(claim_error)})
 
     def _release_recovered(self, claim_uids: Iterable[str]) -> None:
         """A recovered claim's shares were acquired at start-up under the share-id prefix its CDI
@@ -315,15 +483,22 @@ class DeviceState:
             if device.share is not None and device.backend is not None:
                 self._settings.backends[device.backend].acquire(device.share)
 
+    def _write_cdi_spec(self, claim_uid: str, cdi_class: str, spec: Mapping[str, object]) -> None:
+        try:
+            cdi.write_cdi_spec(self._cdi_root, cdi_class, claim_uid, spec)
+        except OSError as error:
+            path = cdi.claim_spec_path(self._cdi_root, cdi_class, claim_uid)
+            raise FileWriteError(path=path, problem=error.strerror or repr(error)) from error
+
     def _write_cdi_specs(self, claim_uid: str, devices: tuple[PreparedDevice, ...]) -> None:
         for cdi_class, spec in _render_specs(devices).items():
-            cdi.write_cdi_spec(self._cdi_root, cdi_class, claim_uid, spec)
+            self._write_cdi_spec(claim_uid, cdi_class, spec)
 
     def _ensure_cdi_specs(self, claim_uid: str, devices: tuple[PreparedDevice, ...]) -> None:
         """Re-create spec files that disappeared (``/var/run/cdi`` is tmpfs, or someone deleted them)."""
         for cdi_class, spec in _render_specs(devices).items():
-            if not cdi.claim_spec_path(self._cdi_root, cdi_class, claim_uid).exists():
-                cdi.write_cdi_spec(self._cdi_root, cdi_class, claim_uid, spec)
+            if not cdi.spec_in_place(cdi.claim_spec_path(self._cdi_root, cdi_class, claim_uid)):
+                self._write_cdi_spec(claim_uid, cdi_class, spec)
                 log.info("CDI spec re-created", extra={"claim_uid": claim_uid, "cdi_class": cdi_class})
 
     # -- unprepare -----------------------------------------------------------------------------
@@ -337,31 +512,52 @@ class DeviceState:
         return outcome
 
     def unprepare_many(self, refs: Sequence[ClaimRef]) -> dict[str, bool | ClaimError]:
-        """``unprepare`` for the claims of one call, with one checkpoint write for all of them:
-        claim UID -> whether it was in the checkpoint, or why it could not be undone."""
+        """``unprepare`` for the claims of one call, with two checkpoint writes for all of them:
+        claim UID -> whether it was in the checkpoint, or why it could not be undone.
+        ``FileWriteError`` (a full disk): not done; the retry does it."""
         uids: list[str] = list(dict.fromkeys(ref.uid for ref in refs))
-        outcomes: dict[str, bool | ClaimError] = {}
         with self._serialized_many(uids):
             claims = self._store.load().claims
-            removed: list[str] = []
-            for uid in uids:
-                entry = claims.get(uid)
-                try:
-                    cdi.remove_claim_specs(self._cdi_root, uid)
-                    self._effect("cdi-removed", uid)
-                    if entry is not None:
-                        self._release(uid, entry.devices)
-                        self._effect("shares-released", uid)
-                        removed.append(uid)
-                except ClaimError as error:
-                    outcomes[uid] = error
-                    continue
-                outcomes[uid] = entry is not None
-            if removed:
-                self._update_checkpoint(lambda checkpoint: _with_changes(checkpoint, {}, removed))
-                for removed_uid in removed:
-                    self._effect("checkpoint-removed", removed_uid)
-        return outcomes
+            entries = {uid: claims[uid] for uid in uids if uid in claims}
+            errors = self._unprepare_entries(uids, entries)
+        return {uid: errors.get(uid, uid in entries) for uid in uids}
+
+    def _unprepare_entries(
+        self, uids: Sequence[str], entries: Mapping[str, PreparedClaim]
+    ) -> dict[str, ClaimError]:
+        """Under the claims' locks: undo ``uids`` (``entries``: their checkpoint entries, where they
+        have one). First every entry that vouches for its effects goes back to ``PrepareStarted``
+        (if that write fails, nothing was changed), then CDI files go and shares are released, then
+        the entries are removed (if that write fails, they stay ``PrepareStarted``: true, since
+        their effects may be gone). Returns the claims whose shares could not be released (their
+        entries stay); ``FileWriteError`` propagates."""
+        vouching = {
+            uid: dataclasses.replace(entry, phase=ClaimPhase.STARTED)
+            for uid, entry in entries.items()
+            if entry.phase is not ClaimPhase.STARTED
+        }
+        if vouching:
+            self._update_checkpoint(lambda checkpoint: _with_changes(checkpoint, vouching, []))
+            for uid in vouching:
+                self._effect("checkpoint-unpreparing", uid)
+        errors: dict[str, ClaimError] = {}
+        removed: list[str] = []
+        for uid in uids:
+            entry = entries.get(uid)
+            try:
+                cdi.remove_claim_specs(self._cdi_root, uid)
+                self._effect("cdi-removed", uid)
+                if entry is not None:
+                    self._release(uid, entry.devices)
+                    self._effect("shares-released", uid)
+                    removed.append(uid)
+            except ClaimError as error:
+                errors[uid] = error
+        if removed:
+            self._update_checkpoint(lambda checkpoint: _with_changes(checkpoint, {}, removed))
+            for removed_uid in removed:
+                self._effect("checkpoint-removed", removed_uid)
+        return errors
 
     def _release(self, claim_uid: str, devices: tuple[PreparedDevice, ...]) -> None:
         for device in devices:
@@ -383,7 +579,8 @@ class DeviceState:
         during this boot (and of claims recovered from CDI specs) and re-create their missing CDI
         files. Specs on disk that the checkpoint does not know (it was lost) are adopted as
         recovered claims. Entries of earlier boots wait for the kubelet's next Prepare.
-        Returns how many claims were restored; a claim that fails is logged and skipped."""
+        Returns how many claims were restored; a claim that fails (its CDI file cannot be written:
+        the kubelet's next Prepare re-creates it) is logged and skipped."""
         with self._serialized_many([]):  # under rolling updates, no other agent is mid-write now
             remove_leftover_temp_files(self._plugin_dir, self._cdi_root)
         checkpoint = self._store.load()
@@ -406,7 +603,7 @@ class DeviceState:
                     self._acquire(entry.devices)
                     if not recovered:
                         self._ensure_cdi_specs(uid, entry.devices)
-                except ClaimError as error:
+                except (ClaimError, FileWriteError) as error:
                     log.error("prepared claim not restored", extra={"claim_uid": uid, "reason": str(error)})
                     continue
             restored += 1
@@ -442,6 +639,21 @@ def _with_changes(
     return Checkpoint(boot_id=checkpoint.boot_id, claims=claims)
 
 
+def _same_allocation(entry: PreparedClaim, devices: tuple[PreparedDevice, ...]) -> bool:
+    """Whether ``entry`` records the allocation ``devices`` was computed from. A recovered entry
+    knows only what its CDI spec kept (device, share-id prefix), in the spec's order."""
+    if entry.phase is ClaimPhase.RECOVERED:
+
+        def kept(device: PreparedDevice) -> tuple[str, str, str, str | None]:
+            prefix = None if device.share_id is None else device.share_id[: cdi.SHARE_PREFIX_LENGTH]
+            return (str(device.kind), device.pool, device.device, prefix)
+
+        return sorted(map(kept, entry.devices), key=repr) == sorted(map(kept, devices), key=repr)
+    return [device.allocation_key() for device in entry.devices] == [
+        device.allocation_key() for device in devices
+    ]
+
+
 class _DeviceIndex:
     """Who holds each device, for the exclusivity check: (pool, device) -> [(claim, device)]."""
 
@@ -471,7 +683,16 @@ class _DeviceIndex:
                 if other.uid == claim.uid:
                     continue
                 if device.backend is not None:
-                    check_backend_compatible(held.backend, device.backend, device.device, claim=claim.key)
+                    try:
+                        check_backend_compatible(held.backend, device.backend, device.device, claim=claim.key)
+                    except ClaimError as error:  # the GPU's other shares stay: this allocation cannot
+                        raise ShareRefusedError(
+                            claim=error.claim,
+                            field=error.field,
+                            problem=error.problem,
+                            pool=device.pool,
+                            device_name=device.device,
+                        ) from error
                 if device.share_id is None or held.share_id is None or _same_share(device, held, other):
                     if other.phase is ClaimPhase.RECOVERED:
                         holder = f"ResourceClaim with UID {other.uid} (recovered from its CDI spec)"
@@ -483,6 +704,54 @@ class _DeviceIndex:
                         problem=f"already prepared for {holder}"
                         + (" exclusively" if held.share_id is None else f" with share {held.share_id}"),
                     )
+
+    def check_capacity(
+        self,
+        claim: Claim,
+        devices: tuple[PreparedDevice, ...],
+        capacities: Mapping[tuple[str, str], DeviceCapacity],
+    ) -> None:
+        """``CapacityExceededError`` when the claim's shares of a GPU and the other claims' shares
+        held on it together exceed the GPU's published memory or compute. Whole-GPU (exclusive)
+        allocations are left to ``check_not_in_use``; admin access consumes nothing."""
+        requested: dict[tuple[str, str], list[ShareSpec]] = {}
+        for device in devices:
+            if device.share is not None and device.share_id is not None and not device.admin_access:
+                requested.setdefault((device.pool, device.device), []).append(device.share)
+        for key, shares in requested.items():
+            capacity = capacities.get(key)
+            if capacity is None:
+                continue
+            others = [
+                held.share
+                for other, held in self._held.get(key, ())
+                if other.uid != claim.uid and held.share is not None
+            ]
+            holders = len({other.uid for other, held in self._held.get(key, ()) if other.uid != claim.uid})
+            for dimension, limit, amount in (
+                ("memory", capacity.memory_bytes, _memory_bytes),
+                ("compute", capacity.compute_percent, _compute_percent),
+            ):
+                wanted = sum(map(amount, shares))
+                prepared = sum(map(amount, others))
+                if wanted + prepared > limit:
+                    raise CapacityExceededError(
+                        claim=claim.key,
+                        device=f"{key[0]}/{key[1]}",
+                        dimension=dimension,
+                        requested=wanted,
+                        prepared=prepared,
+                        capacity=limit,
+                        holders=holders,
+                    )
+
+
+def _memory_bytes(share: ShareSpec) -> int:
+    return share.memory_bytes
+
+
+def _compute_percent(share: ShareSpec) -> int:
+    return share.compute_percent
 
 
 def _same_share(device: PreparedDevice, held: PreparedDevice, holder: PreparedClaim) -> bool:
@@ -498,7 +767,10 @@ def _same_share(device: PreparedDevice, held: PreparedDevice, holder: PreparedCl
 def remove_leftover_temp_files(plugin_dir: Path, cdi_root: Path) -> list[Path]:
     """Delete the temp files of atomic writes that a kill -9 interrupted: ``.checkpoint.json.*.tmp``
     in the plugin dir, ``.k8s.fractional.dev-*.json.*.tmp`` in the CDI root. Only our own names;
-    the caller makes sure no write is in flight."""
+    the caller makes sure no write is in flight. Also entries named like our CDI specs that are
+    not regular files (a symlink to a foreign spec, a FIFO: planted, never ours) are unlinked
+    (logged; never followed), so the specs are written again in their place; a directory so
+    named is logged and left."""
     patterns = ((plugin_dir, f".{FILE_NAME}.*.tmp"), (cdi_root, f".{cdi.CDI_VENDOR}-*.json.*.tmp"))
     removed = []
     for directory, pattern in patterns:
@@ -512,6 +784,7 @@ def remove_leftover_temp_files(plugin_dir: Path, cdi_root: Path) -> list[Path]:
                 removed.append(path)
     if removed:
         log.info("leftover temp files removed", extra={"files": [path.name for path in removed][:20]})
+    removed += cdi.remove_planted_specs(cdi_root)
     return removed
 
 
@@ -526,12 +799,10 @@ def _env_list(env: Sequence[str], name: str) -> list[str]:
 def _recover_spec(
     path: Path, claim_uid: str, cdi_class: str, inventory: NodeInventory, pool: str
 ) -> list[PreparedDevice]:
-    """The devices one of our CDI spec files names (``<uid>-<device>[-<share-id prefix>]``)."""
-    with path.open("rb") as handle:
-        data = handle.read(MAX_RECOVERED_SPEC_BYTES + 1)
-    if len(data) > MAX_RECOVERED_SPEC_BYTES:
-        raise ValueError("larger than any spec we write")
-    spec = json.loads(data)
+    """The devices one of our CDI spec files names (``<uid>-<device>[-<share-id prefix>]``).
+    Only a regular file counts (``UnsafeEntryError`` otherwise): a FIFO never blocks, a symlink
+    to another spec is never read as ours."""
+    spec = json.loads(cdi.read_claim_spec(path, max_bytes=MAX_RECOVERED_SPEC_BYTES))
     kind = DeviceKind(cdi_class)
     names = (
         [gpu.name for gpu in inventory.gpus] if kind is DeviceKind.GPU else [n.name for n in inventory.nics]

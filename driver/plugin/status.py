@@ -4,6 +4,10 @@ Pure part: ``build_device_statuses`` turns prepared devices into ``AllocatedDevi
 (driver, pool, device, shareID; a ``Ready=True`` condition; ``data`` with the share's limits and
 sharing backend for GPUs; ``networkData.interfaceName`` for NICs), ``merge_device_statuses`` puts
 them beside the entries other drivers wrote, ``without_driver_statuses`` takes ours out again.
+``build_refused_statuses`` turns a refused share (``ShareRefusal``: over the GPU's capacity, or a
+sharing backend that cannot join its shares) into entries for the refused device with a
+``Ready=False`` condition, reason ``ShareRefused`` and the claim's error as message: the allocation
+controller, which watches claims, replaces the pod so that its claim is allocated anew.
 
 Adapter: ``ClaimStatusWriter`` runs the writes on its own thread (``claim-status``), off the kubelet's
 RPC path and outside every ``DeviceState`` lock. Decision: **a status write never fails a prepare or
@@ -19,6 +23,11 @@ prepare's write had not happened yet). Removal after unprepare is a JSON merge p
 ``status.devices`` carrying the ``resourceVersion`` (only the list is sent; an empty list removes the
 field). Intents still queued when the agent stops are dropped (logged): the status is best effort,
 and the next prepare of the claim writes it again.
+
+Refusals are written once: the kubelet retries a refused prepare for as long as the pod exists, and
+a refusal equal to the one last written for that claim UID (same device, share ids and message) is
+not queued again. A later prepare of the claim that succeeds replaces the refusal with its ``Ready``
+entries; an unprepare removes it with the rest of ours.
 """
 
 from __future__ import annotations
@@ -43,8 +52,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "READY_REASON",
+    "REFUSED_REASON",
     "ClaimStatusWriter",
+    "ShareRefusal",
     "build_device_statuses",
+    "build_refused_statuses",
     "merge_device_statuses",
     "without_driver_statuses",
 ]
@@ -52,6 +64,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 READY_REASON = "Prepared"
+REFUSED_REASON = "ShareRefused"  # the allocation controller acts on it (driver.controller.preemption.refusal)
+MAX_REFUSALS_REMEMBERED = 4096  # claim UIDs whose refusal was written (kubelet retries write nothing)
 MAX_CONDITION_MESSAGE_CHARS = 1024
 MIB = 1024 * 1024
 
@@ -160,6 +174,52 @@ def build_device_statuses(
     return statuses
 
 
+@dataclass(frozen=True, slots=True)
+class ShareRefusal:
+    """A share this node refused to prepare: the device (``pool``/``device``), the share ids of the
+    claim's results on it (the status entries' keys; None for a whole device) and the claim's error."""
+
+    pool: str
+    device: str
+    share_ids: tuple[str | None, ...]
+    message: str
+
+
+def build_refused_statuses(
+    refusal: ShareRefusal,
+    *,
+    now: datetime,
+    generation: int | None = None,
+    previous: Sequence[Mapping[str, Any]] = (),
+    driver: str = DRIVER_NAME,
+) -> list[Obj]:
+    """Pure: one ``AllocatedDeviceStatus`` per refused result, each with ``Ready=False`` (reason
+    ``ShareRefused``, the claim's error as message). A ``Ready=False`` condition already there keeps
+    its ``lastTransitionTime``, so the same refusal builds the same entries."""
+    earlier: dict[StatusKey, str] = {}
+    for old in previous:
+        for old_condition in old.get("conditions") or ():
+            if old_condition.get("type") == "Ready" and old_condition.get("status") == "False":
+                earlier[_status_key(old)] = str(old_condition.get("lastTransitionTime"))
+    statuses: list[Obj] = []
+    for share_id in dict.fromkeys(refusal.share_ids):
+        entry: Obj = {"driver": driver, "pool": refusal.pool, "device": refusal.device}
+        if share_id is not None:
+            entry["shareID"] = share_id
+        condition: Obj = {
+            "type": "Ready",
+            "status": "False",
+            "reason": REFUSED_REASON,
+            "message": refusal.message[:MAX_CONDITION_MESSAGE_CHARS],
+            "lastTransitionTime": earlier.get(_status_key(entry)) or _timestamp(now),
+        }
+        if generation is not None:
+            condition["observedGeneration"] = generation
+        entry["conditions"] = [condition]
+        statuses.append(entry)
+    return statuses
+
+
 def merge_device_statuses(
     existing: Sequence[Mapping[str, Any]], ours: Sequence[Mapping[str, Any]], *, driver: str = DRIVER_NAME
 ) -> list[Obj]:
@@ -181,10 +241,13 @@ def _allocated_keys(body: Mapping[str, Any]) -> set[StatusKey]:
 @dataclass(frozen=True, slots=True)
 class _Intent:
     ref: ClaimRef
-    devices: tuple[PreparedDevice, ...] | None  # None: unprepared, remove our entries
+    devices: tuple[PreparedDevice, ...] | None  # None: unprepared (or refused), remove our entries
+    refusal: ShareRefusal | None = None  # refused: our entries become the refusal's
 
     @property
     def operation(self) -> str:
+        if self.refusal is not None:
+            return "refuse"
         return "remove" if self.devices is None else "write"
 
 
@@ -221,6 +284,7 @@ class ClaimStatusWriter:
         self._order: collections.deque[str] = collections.deque()
         self._busy = False
         self._closed = False
+        self._refusals: collections.OrderedDict[str, ShareRefusal] = collections.OrderedDict()  # written
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._api: Any = None
@@ -252,6 +316,13 @@ class ClaimStatusWriter:
 
     def unprepared(self, ref: ClaimRef) -> None:
         self._enqueue(_Intent(ref, None))
+
+    def refused(self, ref: ClaimRef, refusal: ShareRefusal) -> None:
+        """Record the refusal on the claim, unless it is the one last written (a kubelet retry)."""
+        with self._changed:
+            if self._refusals.get(ref.uid) == refusal and ref.uid not in self._pending:
+                return
+        self._enqueue(_Intent(ref, None, refusal))
 
     def wait_idle(self, timeout: float) -> bool:
         """True once nothing is queued or being written (tests, benchmarks)."""
@@ -289,6 +360,7 @@ class ClaimStatusWriter:
             except Exception:  # the loop's one catch-all: a bug must not end status writing
                 log.exception("claim status write failed unexpectedly", extra={"claim": intent.ref.key})
                 result = "failed"
+            self._remember(intent, result)
             CLAIM_STATUS_WRITES_TOTAL.labels(operation=intent.operation, result=result).inc()
         if self._api is not None:
             self._api.api_client.close()
@@ -296,6 +368,17 @@ class ClaimStatusWriter:
         with self._changed:
             self._busy = False
             self._changed.notify_all()
+
+    def _remember(self, intent: _Intent, result: str) -> None:
+        """Which refusal the claim now shows: the one just written, or none after any other intent
+        (a prepare or an unprepare replaced ours) or a refusal that was not written."""
+        with self._changed:
+            uid = intent.ref.uid
+            self._refusals.pop(uid, None)
+            if intent.refusal is not None and result in ("ok", "unchanged"):
+                self._refusals[uid] = intent.refusal
+                while len(self._refusals) > MAX_REFUSALS_REMEMBERED:
+                    self._refusals.popitem(last=False)
 
     # -- one intent ----------------------------------------------------------------------------
 
@@ -335,7 +418,20 @@ class ClaimStatusWriter:
             return "gone"  # replaced by a new claim of the same name: not ours to touch
         status = body.get("status") or {}
         existing = [entry for entry in status.get("devices") or [] if isinstance(entry, Mapping)]
-        if intent.devices is None:
+        if intent.refusal is not None:
+            allocated = _allocated_keys(body)
+            ours = build_refused_statuses(
+                intent.refusal,
+                now=self._clock(),
+                generation=(body.get("metadata") or {}).get("generation"),
+                previous=existing,
+                driver=self._driver,
+            )
+            ours = [entry for entry in ours if _status_key(entry) in allocated]
+            if not ours:
+                return "gone"  # deallocated (or reallocated) since the refused prepare
+            wanted = merge_device_statuses(existing, ours, driver=self._driver)
+        elif intent.devices is None:
             wanted = without_driver_statuses(existing, driver=self._driver)
         else:
             allocated = _allocated_keys(body)
@@ -354,7 +450,7 @@ class ClaimStatusWriter:
             wanted = merge_device_statuses(existing, ours, driver=self._driver)
         if wanted == existing:
             return "unchanged"
-        if intent.devices is None:
+        if intent.devices is None and intent.refusal is None:
             self._patch(ref, body, wanted)
         else:
             self._replace(ref, body, wanted)

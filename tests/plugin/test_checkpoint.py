@@ -181,3 +181,49 @@ def test_corrupt_file_is_replaced_by_what_recover_rebuilds(tmp_path: Path) -> No
     assert store.load().claims == rebuilt.claims
     # Written at once: another reader (a restarted agent) finds the rebuilt guard.
     assert read_checkpoint(tmp_path / "checkpoint.json").claims == rebuilt.claims
+
+
+def test_a_failed_write_drops_every_change_not_in_the_file(tmp_path: Path, monkeypatch) -> None:
+    """Group commit: B commits on top of A's change while A's write is under way; A's write fails.
+    Neither change may stay in memory, and B's transaction fails too (its change built on A's)."""
+    import driver.plugin.checkpoint as checkpoint_module
+    from driver.plugin.checkpoint import FileWriteError
+    from tests.plugin.conftest import wait_for
+
+    real_write = checkpoint_module.write_atomically
+    writing, proceed = threading.Event(), threading.Event()
+    writes = iter(range(1_000))
+
+    def first_write_fails(path: Path, data: bytes, **options: object) -> None:
+        if next(writes) == 0:
+            writing.set()
+            proceed.wait(10)
+            raise OSError(28, "No space left on device")
+        real_write(path, data, **options)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(checkpoint_module, "write_atomically", first_write_fails)
+    store = CheckpointStore(tmp_path, boot_id="boot-1")
+    first, second = replace(prepared(), uid="a" * 8), replace(prepared(), uid="b" * 8)
+    errors: dict[str, BaseException] = {}
+
+    def add(claim: PreparedClaim) -> None:
+        try:
+            store.update(lambda checkpoint: checkpoint.with_claim(claim))
+        except FileWriteError as error:
+            errors[claim.uid] = error
+
+    threads = [threading.Thread(target=add, args=(first,))]
+    threads[0].start()
+    assert writing.wait(10)
+    threads.append(threading.Thread(target=add, args=(second,)))
+    threads[1].start()
+    wait_for(lambda: second.uid in store.load().claims, what="the second change in memory")
+    proceed.set()
+    for thread in threads:
+        thread.join(10)
+    assert sorted(errors) == [first.uid, second.uid]
+    assert "No space left on device" in str(errors[second.uid])
+    assert store.load().claims == {}
+    assert not (tmp_path / "checkpoint.json").exists()
+    store.update(lambda checkpoint: checkpoint.with_claim(second))  # the retry
+    assert sorted(read_checkpoint(tmp_path / "checkpoint.json").claims) == [second.uid]

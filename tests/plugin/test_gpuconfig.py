@@ -245,3 +245,22 @@ def test_backend_compatibility(existing: str | None, wanted: str, ok: bool) -> N
         check_backend_compatible(existing, wanted, "gpu-3", claim="team-a/b")
     assert raised.value.claim == "team-a/b"
     assert f"gpu-3 is already shared with backend '{existing}'" in str(raised.value)
+
+
+def test_an_admin_can_forbid_claims_to_pick_their_backend() -> None:
+    """--allow-claim-backend-override=false: the class's config and the node decide; a claim's own
+    entry naming a backend fails the claim, naming the field, while its other options still apply."""
+    hami = gpu_config({"backend": "hami"})
+    from_class = claim_with([opaque(hami, source="FromClass")])
+    assert resolve_share_configs(from_class, allow_claim_backend=False)["gpu"] == GpuConfig(
+        SharingConfig(backend="hami")
+    )
+    tenant = claim_with([opaque(hami, source="FromClass"), opaque(gpu_config({"backend": "none"}))])
+    allowed = resolve_share_configs(tenant)  # by default the claim wins
+    assert allowed["gpu"] == GpuConfig(SharingConfig(backend="none"))
+    with pytest.raises(ClaimError) as refused:
+        resolve_share_configs(tenant, allow_claim_backend=False)
+    assert refused.value.field == "status.allocation.devices.config[1].opaque.parameters.sharing.backend"
+    assert "--allow-claim-backend-override=false" in str(refused.value)
+    options_only = claim_with([opaque(gpu_config({"mps": {"defaultActiveThreadPercentage": 20}}))])
+    assert resolve_share_configs(options_only, allow_claim_backend=False)["gpu"] is not None

@@ -13,7 +13,7 @@ import pytest
 from driver.errors import ClaimError
 from driver.inventory.model import NodeInventory
 from driver.plugin import cdi
-from driver.plugin.checkpoint import ClaimPhase
+from driver.plugin.checkpoint import ClaimPhase, read_checkpoint
 from driver.plugin.claims import Claim, ClaimRef, ClaimUID, parse_claim
 from driver.plugin.devices import PrepareSettings
 from driver.plugin.sharing.base import ContainerEdits, ShareSpec
@@ -27,6 +27,7 @@ class RecordingBackend:
     def __init__(self, name: str = "none") -> None:
         self.name = name
         self.calls: list[tuple[str, str, str]] = []
+        self.held: set[tuple[str, str, str | None]] = set()  # (claim UID, device, share id) acquired
         self.fail_acquire: str | None = None
         self._lock = threading.Lock()
 
@@ -38,10 +39,13 @@ class RecordingBackend:
             self.calls.append(("acquire", share.claim_uid, share.device))
         if self.fail_acquire:
             raise ClaimError(claim=share.claim, field="sharing", problem=self.fail_acquire)
+        with self._lock:
+            self.held.add((share.claim_uid, share.device, share.share_id))
 
     def release(self, share: ShareSpec) -> None:
         with self._lock:
             self.calls.append(("release", share.claim_uid, share.device))
+            self.held.discard((share.claim_uid, share.device, share.share_id))
 
     def close(self) -> None:
         pass
@@ -61,16 +65,34 @@ class Env:
         self.backends = {"none": RecordingBackend("none"), "mps": RecordingBackend("mps")}
         self.effects: list[tuple[str, str]] = []
 
-    def state(self, boot_id: str = "boot-1", **kwargs: Any) -> DeviceState:
+    def state(
+        self, boot_id: str = "boot-1", *, on_effect: Callable[[str, str], None] | None = None, **kwargs: Any
+    ) -> DeviceState:
+        def hook(effect: str, uid: str) -> None:
+            self.effects.append((effect, uid))
+            if on_effect is not None:
+                on_effect(effect, uid)
+
         return DeviceState(
             inventory=self.inventory,
             settings=PrepareSettings(default_backend="none", backends=self.backends),
             cdi_root=self.cdi_root,
             plugin_dir=self.plugin_dir,
             boot_id=boot_id,
-            effect_hook=lambda effect, uid: self.effects.append((effect, uid)),
+            effect_hook=hook,
             **kwargs,
         )
+
+    def new_process(self) -> None:
+        """What an agent restart does to the sharing backends: their holds are gone."""
+        self.backends = {name: RecordingBackend(name) for name in self.backends}
+
+    def held(self) -> set[tuple[str, str, str | None]]:
+        return set().union(*(backend.held for backend in self.backends.values()))
+
+    def on_disk(self) -> dict[str, Any]:
+        """The checkpoint file's claims (what a restarted agent reads)."""
+        return dict(read_checkpoint(self.plugin_dir / "checkpoint.json").claims)
 
     def spec_files(self) -> list[str]:
         return sorted(p.name for p in self.cdi_root.glob("*.json")) if self.cdi_root.exists() else []
@@ -249,7 +271,7 @@ class SimulatedCrash(BaseException):
 
 
 PREPARE_EFFECTS = ["checkpoint-started", "shares-acquired", "checkpoint-completed", "cdi-written"]
-UNPREPARE_EFFECTS = ["cdi-removed", "shares-released", "checkpoint-removed"]
+UNPREPARE_EFFECTS = ["checkpoint-unpreparing", "cdi-removed", "shares-released", "checkpoint-removed"]
 
 
 def _crashing_state(env: Env, effect: str) -> DeviceState:
@@ -459,3 +481,45 @@ def test_checkpoint_moved_away_during_a_rolling_update_keeps_the_guard(env: Env)
     with pytest.raises(ClaimError, match=rf"already prepared for ResourceClaim with UID {exclusive.uid}"):
         new.prepare(claim([result("gpu-0")]))
     assert path.exists()
+
+
+# -- entries planted where the state machine keeps its files -----------------------------------------
+
+
+def test_a_spec_replaced_by_a_symlink_is_written_again_on_the_next_prepare(env: Env, tmp_path: Path) -> None:
+    """While the agent runs: the kubelet's retry of a prepared claim finds a link where our spec
+    was, replaces the link with our spec and leaves the link's target alone."""
+    state = env.state()
+    c = claim([result("gpu-0", share_id=new_share_id(), memory="1Gi")])
+    state.prepare(c)
+    (ours,) = env.cdi_root.glob("*.json")
+    content = ours.read_bytes()
+    foreign = tmp_path / "foreign.json"
+    foreign.write_text('{"devices": []}\n')
+    ours.unlink()
+    ours.symlink_to(foreign)
+    state.prepare(c)
+    assert not ours.is_symlink() and ours.read_bytes() == content
+    assert foreign.read_text() == '{"devices": []}\n'
+
+
+@pytest.mark.timeout(30)
+def test_a_fifo_as_the_checkpoint_is_set_aside_not_waited_on(env: Env) -> None:
+    env.plugin_dir.mkdir(parents=True)
+    os.mkfifo(env.plugin_dir / "checkpoint.json")  # reading it would block until a writer came
+    state = env.state()
+    c = claim([result("gpu-0", share_id=new_share_id(), memory="1Gi")])
+    state.prepare(c)
+    assert c.uid in env.on_disk()
+    assert (env.plugin_dir / "checkpoint.json").is_file()
+
+
+def test_a_symlinked_serialize_lock_creates_nothing_outside_the_plugin_dir(env: Env, tmp_path: Path) -> None:
+    outside = tmp_path / "elsewhere" / "made-by-the-agent"
+    outside.parent.mkdir()
+    env.plugin_dir.mkdir(parents=True)
+    (env.plugin_dir / "serialize.lock").symlink_to(outside)
+    state = env.state(rolling_update=True)
+    state.prepare(claim([result("gpu-0", share_id=new_share_id(), memory="1Gi")]))
+    assert not os.path.lexists(outside)
+    assert not (env.plugin_dir / "serialize.lock").is_symlink()
