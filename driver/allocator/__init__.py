@@ -22,11 +22,19 @@ import random
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from driver.allocator.backends import check_no_claim_backend
 from driver.allocator.batch import GroupAllocationError
 from driver.allocator.cluster import ClusterState
 from driver.errors import AllocationError
 
-__all__ = ["AllocationError", "ClusterState", "GroupAllocationError", "allocate", "allocate_many"]
+__all__ = [
+    "AllocationError",
+    "ClusterState",
+    "GroupAllocationError",
+    "allocate",
+    "allocate_many",
+    "check_no_claim_backend",
+]
 
 
 def _build_state(

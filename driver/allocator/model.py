@@ -8,9 +8,10 @@ happens for objects the allocator does not understand); problems in a *claim* ra
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from driver.allocator.backends import Backends, request_backends
 from driver.allocator.celenv import CompiledSelector, DeviceFacts, SelectorError, compile_selector, semver_map
 from driver.allocator.quantity import Number, parse_quantity
 from driver.errors import AllocationError
@@ -346,6 +347,7 @@ class Request:
     tolerations: tuple[Toleration, ...]
     tolerations_raw: tuple[dict[str, Any], ...]
     capacity: tuple[tuple[str, Number], ...] | None
+    backends: Backends = ()  # the sharing backend per driver its config picks (backends.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -484,6 +486,14 @@ def parse_claim(
             slots.append(RequestSlot(name, tuple(alternatives), prioritized=True))
         else:
             raise _fail(key, path, "neither exactly nor firstAvailable is set")
+    configs = [c for c in devices.get("config") or () if isinstance(c, Mapping)]
+    slots = [
+        replace(slot, alternatives=tuple(
+            replace(r, backends=request_backends(r.name, (used[r.class_name].get("spec") or {}), configs))
+            for r in slot.alternatives
+        ))
+        for slot in slots
+    ]  # fmt: skip
     constraints = []
     for index, raw_constraint in enumerate(devices.get("constraints") or ()):
         names = frozenset(raw_constraint.get("requests") or ())
@@ -496,7 +506,7 @@ def parse_claim(
     signature = (
         tuple(
             tuple((r.class_name, tuple(s.expression for _, s in r.selectors), r.all_mode, r.count, r.admin,
-                   r.tolerations, r.capacity) for r in slot.alternatives)
+                   r.tolerations, r.capacity, r.backends) for r in slot.alternatives)
             for slot in slots
         ),
         tuple(constraints),

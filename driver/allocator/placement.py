@@ -21,6 +21,7 @@ import random
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from driver.allocator.backends import backend_for
 from driver.allocator.capacity import CAPACITY_WEIGHTS, compute_consumption, free_term, residual_score
 from driver.allocator.model import Claim, Request, parse_claim
 from driver.allocator.quantity import Number
@@ -131,7 +132,8 @@ def ledger_of(solution: Solution) -> tuple[LedgerEntry, ...]:
                 continue
             device = entry.candidate.device
             consumed = tuple(entry.consumed.items()) if entry.consumed is not None else ()
-            entries.append(LedgerEntry(device.id, device.allow_multiple, consumed))
+            backend = backend_for(entry.request.backends, device.id[0]) if device.allow_multiple else None
+            entries.append(LedgerEntry(device.id, device.allow_multiple, consumed, backend))
     return tuple(entries)
 
 

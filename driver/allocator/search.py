@@ -22,6 +22,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from driver.allocator.backends import (
+    backend_for,
+    backends_compatible,
+    device_default_backend,
+    device_runs_backend,
+)
 from driver.allocator.capacity import compute_consumption, residual_score
 from driver.allocator.celenv import SelectorError, evaluate_selector
 from driver.allocator.model import (
@@ -47,6 +53,7 @@ class CommittedState(Protocol):
     def exclusive_in_use(self, device_id: DeviceID) -> bool: ...
     def share_count(self, device_id: DeviceID) -> int: ...
     def committed_consumed(self, device_id: DeviceID) -> dict[str, Number] | None: ...
+    def committed_backends(self, device_id: DeviceID) -> dict[str | None, int] | None: ...
     def counters_available(self, pool_key: tuple[str, str]) -> dict[tuple[str, str], Number]: ...
 
 
@@ -181,6 +188,7 @@ class NodeSearch:
         self.allocating_by_claim: dict[DeviceID, dict[int, int]] = {}
         self.allocating_capacity: dict[DeviceID, dict[str, Number]] = {}
         self.allocating_shares: dict[DeviceID, int] = {}
+        self.allocating_backends: dict[DeviceID, dict[str | None, int]] = {}
         self.allocating_counters: dict[tuple[str, str], dict[tuple[str, str], Number]] = {}
         self.results: list[list[Entry]] = [[] for _ in claims]
         self.constraint_states: list[list[_MatchState | _DistinctState]] = [
@@ -393,6 +401,9 @@ class NodeSearch:
         ):
             return None
         claim = self.claims[ci]
+        backend = backend_for(request.backends, device_id[0])
+        if device.allow_multiple and not request.admin and not self._backend_fits(device, backend):
+            return None
         if not self._selectable(claim, request, candidate):
             return None
         committed = state.committed_consumed(device_id)
@@ -436,6 +447,8 @@ class NodeSearch:
             for key, value in consumed.items():
                 current[key] = current.get(key, 0) + value
             self.allocating_shares[device_id] = self.allocating_shares.get(device_id, 0) + 1
+            backends = self.allocating_backends.setdefault(device_id, {})
+            backends[backend] = backends.get(backend, 0) + 1
         else:
             if not request.admin:
                 self.allocating_exclusive[device_id] = self.allocating_exclusive.get(device_id, 0) + 1
@@ -451,9 +464,14 @@ class NodeSearch:
                 for key, value in consumed.items():
                     current[key] -= value
                 self.allocating_shares[device_id] -= 1
+                backends = self.allocating_backends[device_id]
+                backends[backend] -= 1
+                if not backends[backend]:
+                    del backends[backend]
                 if not self.allocating_shares[device_id]:
                     del self.allocating_shares[device_id]
                     del self.allocating_capacity[device_id]
+                    del self.allocating_backends[device_id]
             else:
                 if not request.admin:
                     self.allocating_exclusive[device_id] -= 1
@@ -469,6 +487,18 @@ class NodeSearch:
                 self._release_counters(candidate)
 
         return undo
+
+    def _backend_fits(self, device: Device, backend: str | None) -> bool:
+        """The device's node can run ``backend``, and it mixes with every share already there or
+        placed in this pass (``backends.py``)."""
+        driver = device.id[0]
+        if not device_runs_backend(device.attributes, driver, backend):
+            return False
+        default = device_default_backend(device.attributes, driver)
+        for present in (self.state.committed_backends(device.id), self.allocating_backends.get(device.id)):
+            if present and not all(backends_compatible(backend, other, default) for other in present):
+                return False
+        return True
 
     def _reserve_counters(self, candidate: Candidate) -> bool:
         pool_key = candidate.pool_key

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from driver.allocator.backends import allocation_backends, backend_for
 from driver.allocator.index import FreeIndex
 from driver.allocator.model import Device, DeviceID, Slice, parse_slice
 from driver.allocator.pools import Candidate, PoolView, gather_pools
@@ -28,6 +29,7 @@ class LedgerEntry:
     device_id: DeviceID
     shared: bool
     consumed: tuple[tuple[str, Number], ...]
+    backend: str | None = None  # shared: the sharing backend it asked for (None: the node's; backends.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +57,10 @@ def ledger_entries(claim: Mapping[str, Any]) -> tuple[LedgerEntry, ...]:
             consumed = tuple(
                 (k, parse_quantity(v)) for k, v in (result.get("consumedCapacity") or {}).items()
             )
-            entries.append(LedgerEntry(device_id, True, consumed))
+            backend = backend_for(
+                allocation_backends(allocation, str(result.get("request", ""))), device_id[0]
+            )
+            entries.append(LedgerEntry(device_id, True, consumed, backend))
         else:
             entries.append(LedgerEntry(device_id, False, ()))
     return tuple(entries)
@@ -82,6 +87,7 @@ class ClusterData:
         self._exclusive: dict[DeviceID, int] = {}
         self._shares: dict[DeviceID, int] = {}
         self._consumed: dict[DeviceID, dict[str, Number]] = {}
+        self._backends: dict[DeviceID, dict[str | None, int]] = {}  # shared devices: shares per backend
         self._counter_cache: dict[tuple[str, str], dict[tuple[str, str], Number]] = {}
         self._device_home: dict[DeviceID, tuple[str, Device]] = {}  # devices of nodeName slices
         self._node_items: dict[str, list[DeviceID]] = {}
@@ -211,9 +217,14 @@ class ClusterData:
                 consumed = self._consumed[device_id]
                 for key, value in entry.consumed:
                     consumed[key] -= value
+                backends = self._backends[device_id]
+                backends[entry.backend] -= 1
+                if not backends[entry.backend]:
+                    del backends[entry.backend]
                 if not self._shares[device_id]:
                     del self._shares[device_id]
                     del self._consumed[device_id]
+                    del self._backends[device_id]
             else:
                 self._exclusive[device_id] -= 1
                 if not self._exclusive[device_id]:
@@ -229,6 +240,8 @@ class ClusterData:
                 consumed = self._consumed.setdefault(device_id, {})
                 for key, value in entry.consumed:
                     consumed[key] = consumed.get(key, 0) + value
+                backends = self._backends.setdefault(device_id, {})
+                backends[entry.backend] = backends.get(entry.backend, 0) + 1
             else:
                 self._exclusive[device_id] = self._exclusive.get(device_id, 0) + 1
             self._device_changed(device_id)
@@ -258,6 +271,10 @@ class ClusterData:
 
     def committed_consumed(self, device_id: DeviceID) -> dict[str, Number] | None:
         return self._consumed.get(device_id)
+
+    def committed_backends(self, device_id: DeviceID) -> dict[str | None, int] | None:
+        """Shares on a shared device per sharing backend asked for (None: the node's default)."""
+        return self._backends.get(device_id)
 
     def indexed_device(self, device_id: DeviceID) -> Device | None:
         """A device of a nodeName slice that a built node view holds (what the free index lists)."""
