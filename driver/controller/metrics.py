@@ -72,6 +72,11 @@ class ControllerMetrics:
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
             registry=r,
         )
+        self.overcommitted_devices = Gauge(
+            "fractional_controller_overcommitted_devices",
+            "Devices whose allocated claims consume more than the device publishes (two allocators raced).",
+            registry=r,
+        )
         self.gangs_pending = Gauge(
             "fractional_controller_gangs_pending", "Gangs with gated pods not yet allocated.", registry=r
         )

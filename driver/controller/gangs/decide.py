@@ -30,6 +30,7 @@ __all__ = [
     "decide",
     "group_node",
     "node_fit",
+    "short_dimension",
     "static_exclusions",
     "tentative_allocations",
 ]
@@ -43,6 +44,17 @@ class Decision:
     allocations: tuple[tuple[dict[str, Any], dict[str, Any]], ...] = ()  # (claim, status.allocation)
     pod_nodes: tuple[tuple[dict[str, Any], str | None], ...] = ()  # (pod, node it will run on)
     reason: str = ""
+    short_of: str = "devices"  # unschedulable: what is short (devices | CPU | memory | pod count)
+
+
+def short_dimension(shortfall: str) -> str:
+    """The node-fit dimension a ``Resources.shortfall`` text names: CPU, memory or pod count."""
+    text = shortfall.split(": ", 1)[-1]
+    if text.startswith("cpu"):
+        return "CPU"
+    if text.startswith("memory"):
+        return "memory"
+    return "pod count"
 
 
 @contextmanager
@@ -188,17 +200,23 @@ def decide(
     for _attempt in range(MAX_NODE_FIT_ATTEMPTS):
         chosen = allocate_groups(cache, plan.groups, policy=policy, exclude_nodes=frozenset(excluded))
         if chosen is None:
-            reason = "devices do not fit"
-            if last_shortfall:
-                reason += f" on nodes with room for the pods ({last_shortfall})"
-            return Decision(outcome="unschedulable", reason=reason)
+            if not last_shortfall:
+                return Decision(outcome="unschedulable", reason="devices do not fit")
+            # The devices fit only on nodes the pods' requests overflow: name what those nodes lack.
+            short = short_dimension(last_shortfall)
+            return Decision(
+                outcome="unschedulable",
+                reason=f"node {short} is short where the devices fit ({last_shortfall})",
+                short_of=short,
+            )
         pod_nodes, misfit, shortfall = node_fit(cache, plan, chosen, nodes)
         if misfit is None:
             return Decision(outcome="allocated", allocations=tuple(chosen), pod_nodes=tuple(pod_nodes))
         last_shortfall = shortfall
         excluded.add(misfit)
+    short = short_dimension(last_shortfall)
     return Decision(
-        outcome="unschedulable", reason=f"pods do not fit the nodes' CPU/memory ({last_shortfall})"
+        outcome="unschedulable", reason=f"node {short} is short ({last_shortfall})", short_of=short
     )
 
 

@@ -5,7 +5,10 @@ A gang is the gated pods sharing one identity (``gang_identity``: a PodGroup, a 
 group, our ``fractional.dev/gang`` label, or a third-party marker; a gated pod without one is a
 gang of one). Its first ``minCount`` pods (by name) are placed together when that many exist and
 every claim of theirs exists; pods beyond ``minCount``, and every pod of a ``basic`` policy, are
-then placed one by one as they come, never by taking devices from the first ones. When
+then placed one by one as they come, never by taking devices from the first ones; such a pod of a
+kube-scheduler gang (a ``scheduling.k8s.io`` PodGroup or Workload) that does not fit is handed to
+kube-scheduler ungated (``hand_over_unfit``), because kube-scheduler binds no pod of the group
+while one still carries a scheduling gate (kube-scheduler 1.37.2, GenericWorkload). When
 kube-scheduler's gang PostFilter clears our allocations before the pods bind, the gang is planned
 again as a whole. Claims of any driver are allocated: the allocator follows upstream semantics
 over every published slice, so all of a pod's claims land on one node;
@@ -60,6 +63,9 @@ class GangPlan:
     invalid: tuple[tuple[Kind, dict[str, Any], str], ...] = ()  # objects rejected when read, and why
     topology_key: str | None = None  # every pod on nodes sharing this label's value
     target: dict[str, Any] | None = None  # the PodGroup (or Workload) Events also go to
+    # A pod of a committed kube-scheduler gang (beyond minCount) that does not fit now is handed to
+    # kube-scheduler ungated, not held: kube-scheduler binds none of the group while one is gated.
+    hand_over_unfit: bool = False
 
 
 def _is_allocated(claim: dict[str, Any]) -> bool:
@@ -287,7 +293,8 @@ def plan_gang(cache: ClusterCache, key: GangKey) -> GangPlan:
         )
 
     signature = "|".join(
-        p["metadata"]["name"] + ":" + ",".join(f"{object_key(c)}@{_is_allocated(c)}" for c in cs)
+        f"{p['metadata']['name']}/{p['metadata'].get('uid')}:"
+        + ",".join(f"{object_key(c)}@{_is_allocated(c)}" for c in cs)
         for p, cs in zip(gated, claims_of, strict=True)
     )
     base = GangPlan(
@@ -300,6 +307,7 @@ def plan_gang(cache: ClusterCache, key: GangKey) -> GangPlan:
         all_pods=tuple(pods),
         topology_key=spec.topology_key,
         target=spec.target,
+        hand_over_unfit=committed and spec.scheduler_gang,
     )
     if pending_total == 0:
         return GangPlan(

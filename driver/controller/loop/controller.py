@@ -2,7 +2,8 @@
 takes the keys due (up to ``BATCH_KEYS`` at once, so a burst is decided together) and decides them
 (``reconcile.py``); a bounded pool of writer threads makes the writes (``pipeline.py``).
 
-Keys are ``gang:<namespace>/<gang>`` and ``claim:<namespace>/<name>``. A gang that did not fit is
+Keys are ``gang:<namespace>/<gang>``, ``claim:<namespace>/<name>`` and ``refused:<namespace>/<name>``
+(a claim whose share a node refused at prepare: its pods are replaced). A gang that did not fit is
 queued again when capacity may have grown (a slice, node or class changed, a claim lost its
 allocation or went away) and on the periodic resync.
 """
@@ -20,7 +21,13 @@ from kubernetes import client
 
 from driver.controller.diagnosis.explain import share_memory_requests
 from driver.controller.gangs.watch import GangWatches
-from driver.controller.loop.reconcile import CLAIM_PREFIX, GANG_PREFIX, Reconciler, ReconcilerSettings
+from driver.controller.loop.reconcile import (
+    CLAIM_PREFIX,
+    GANG_PREFIX,
+    REFUSED_PREFIX,
+    Reconciler,
+    ReconcilerSettings,
+)
 from driver.controller.loop.workqueue import WorkQueue
 from driver.controller.metrics import ControllerMetrics
 from driver.controller.model.decode import bounded
@@ -35,6 +42,8 @@ from driver.controller.model.objects import (
     pod_claim_refs,
 )
 from driver.controller.preemption.preemptor import Preemptor
+from driver.controller.preemption.refusal import RefusedShares, parse_share_refusals
+from driver.controller.sizing.overcommit import compute_overcommits
 from driver.controller.view.cache import ClusterCache, Kind
 from driver.controller.view.watch import Watcher
 from driver.controller.writes.events import EventRecorder
@@ -57,6 +66,10 @@ def _node_view(node: dict[str, Any] | None) -> Any:
     return (node["metadata"].get("labels"), node.get("spec"), (node.get("status") or {}).get("allocatable"))
 
 
+def _node_name(pod: dict[str, Any]) -> str | None:
+    return (pod.get("spec") or {}).get("nodeName")
+
+
 class _InlineWriters:
     """``write_workers=0``: each job runs on the decider thread itself, as before the pipeline
     (kept as the baseline the bench compares against)."""
@@ -66,7 +79,7 @@ class _InlineWriters:
         self._api_client = new_api_client(configuration)
         self._writers = Writers(
             writer=ApiWriter(self._api_client, hook=hook, fence=fence),
-            recorder=EventRecorder(self._api_client, identity=identity),
+            recorder=EventRecorder(self._api_client, identity=identity, fence=fence),
         )
         self._on_halt = on_halt
 
@@ -215,9 +228,21 @@ class Controller:
                     self.queue.add(f"{CLAIM_PREFIX}{namespace}/{ref.claim_name}")
             if (pod.get("spec") or {}).get("nodeName") or (old and (old.get("spec") or {}).get("nodeName")):
                 self._bump_capacity()  # CPU/memory freed on a node
+        elif _node_name(pod) and not (old and _node_name(old)):
+            self._check_refused(pod)  # just bound: its claim's refusal may have been seen before it
+
+    def _check_refused(self, pod: dict[str, Any]) -> None:
+        namespace = pod["metadata"].get("namespace")
+        for ref in pod_claim_refs(pod):
+            key = f"{namespace}/{ref.claim_name}"
+            claim = self.cache.get(Kind.CLAIM, key) if ref.claim_name else None
+            if claim is not None and parse_share_refusals(claim):
+                self.queue.add(REFUSED_PREFIX + key)
 
     def _on_claim(self, event_type: str, claim: dict[str, Any], old: dict[str, Any] | None) -> None:
         key = str(object_key(claim))
+        if event_type != "DELETED" and parse_share_refusals(claim):
+            self.queue.add(REFUSED_PREFIX + key)  # a node refused its share: replace its pods
         ours = has_finalizer(claim) or (old is not None and has_finalizer(old))
         if ours:
             self.queue.add(CLAIM_PREFIX + key)
@@ -241,12 +266,15 @@ class Controller:
         for claim in self.cache.objects(Kind.CLAIM):
             if FINALIZER in (claim["metadata"].get("finalizers") or ()):
                 self.queue.add(CLAIM_PREFIX + str(object_key(claim)))
+            if parse_share_refusals(claim):
+                self.queue.add(REFUSED_PREFIX + str(object_key(claim)))
 
     def refresh_metrics(self) -> None:
         with self.cache.lock:
             free = self.cache.state.free_summary()
             gangs = self.cache.gated_gangs()
             slices = self.cache.objects(Kind.SLICE)
+            overcommits = compute_overcommits(slices, self.cache.objects(Kind.CLAIM))
             pending_claims = []
             for gang in gangs:
                 for pod in self.cache.gang_pods(gang):
@@ -260,6 +288,8 @@ class Controller:
                         if claim is not None and not (claim.get("status") or {}).get("allocation"):
                             pending_claims.append(claim)
         self.metrics.gangs_pending.set(len(gangs))
+        if self.reconciler is not None:
+            self.reconciler.report_overcommits(overcommits)
         self.metrics.observe_capacity(free, share_memory_requests(pending_claims))
         self.metrics.observe_fragmentation(free, slices, [str(g) for g in gangs], now=time.monotonic())
 
@@ -291,6 +321,7 @@ class Controller:
                 cache=self.cache, configuration=self._configuration, identity=self.identity, fence=self.fence,
                 metrics=self.metrics,
             ) if self.settings.preemption else None,
+            refusals=RefusedShares(cache=self.cache, configuration=self._configuration, fence=self.fence),
         )  # fmt: skip
         pool.start()
         try:
@@ -330,6 +361,8 @@ class Controller:
         for key in keys:
             if key.startswith(CLAIM_PREFIX):
                 self._guarded([key], partial(reconciler.reconcile_claim, key[len(CLAIM_PREFIX) :]))
+            elif key.startswith(REFUSED_PREFIX):
+                self._guarded([key], partial(reconciler.reconcile_refused, key[len(REFUSED_PREFIX) :]))
         if gangs:
             self._guarded([GANG_PREFIX + g for g in gangs], lambda: reconciler.reconcile_gangs(gangs))
 

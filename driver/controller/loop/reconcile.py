@@ -6,8 +6,9 @@ there, and decides under ``cache.lock`` with no I/O: ready gangs are decided tog
 counts it. Every write then goes to the bounded pool of writers as one job per gang or claim:
 
 - a gang's job writes our finalizer and the allocation of each claim, re-checks that no claim or
-  pod was deleted meanwhile, then removes the gates (the commit point): in that order, on one
-  writer thread;
+  pod was deleted meanwhile and that the nodes and devices the gang was placed on are still there
+  (a Node deleted with its slices: the gang is undone and planned again, gates kept), then removes
+  the gates (the commit point): in that order, on one writer thread;
 - a failed write undoes exactly that gang: what its job wrote is cleared, what the decider assumed
   is forgotten, and the gang is queued again with backoff; other gangs go on (a 409 on one never
   blocks another);
@@ -26,6 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from driver import DRIVER_NAME
+from driver.allocator import check_no_claim_backend
 from driver.controller.diagnosis.explain import best_node_offer, describe_demand
 from driver.controller.gangs.burst import decide_all
 from driver.controller.gangs.decide import Decision
@@ -36,6 +39,7 @@ from driver.controller.model.decode import bounded
 from driver.controller.model.objects import (
     HINT_ANNOTATION,
     GangKey,
+    allocation_node,
     has_finalizer,
     is_deleting,
     is_gated,
@@ -43,19 +47,23 @@ from driver.controller.model.objects import (
     pod_claim_refs,
 )
 from driver.controller.preemption.preemptor import Preemptor
+from driver.controller.preemption.refusal import RefusedShares
 from driver.controller.sizing.hints import compute_hint, existing_node_shapes, profile_shapes, render_hint
+from driver.controller.sizing.overcommit import Overcommit
 from driver.controller.view.cache import ClusterCache, Kind
-from driver.controller.writes.events import REASON_FAILED, EventRecorder
+from driver.controller.writes.events import REASON_FAILED, REASON_HANDED_OVER, EventRecorder
 from driver.controller.writes.pipeline import Job, Writers
 from driver.controller.writes.writer import ApiWriter, HaltWrites
 from driver.errors import AllocationError, ConflictError, FractionalError, NotFoundError
 
-__all__ = ["CLAIM_PREFIX", "GANG_PREFIX", "Reconciler", "ReconcilerSettings"]
+__all__ = ["CLAIM_PREFIX", "GANG_PREFIX", "REFUSED_PREFIX", "Reconciler", "ReconcilerSettings"]
 
 log = logging.getLogger(__name__)
 
 GANG_PREFIX = "gang:"
 CLAIM_PREFIX = "claim:"
+REFUSED_PREFIX = "refused:"  # a claim a node agent refused to prepare (preemption/refusal.py)
+REASON_OVERCOMMITTED = "DeviceOvercommitted"
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +74,9 @@ class ReconcilerSettings:
     provisioning_class: str = "best-effort-atomic-scale-up.autoscaling.x-k8s.io"
     topology_label: str = "topology.kubernetes.io/zone"
     preemption: bool = True  # evict lower-priority pods for a gang that does not fit (preempting.py)
+    # False: a claim whose own GpuConfig picks a sharing backend is refused (AllocationFailed naming the
+    # field); the node's --sharing or the DeviceClass's config decides (sharing.allowClaimBackendOverride).
+    allow_claim_backend_override: bool = True
 
 
 @dataclass
@@ -98,6 +109,7 @@ class Reconciler:
     capacity_freed: Callable[[], None] = lambda: None  # requeues the gangs waiting for room
     gate_seen: dict[str, float] = field(default_factory=dict)
     preemptor: Preemptor | None = None  # None: --preemption=false
+    refusals: RefusedShares | None = None  # None: refused shares are left to people
     latencies: list[float] = field(default_factory=list)
     unschedulable: set[GangKey] = field(default_factory=set)
     _unfit: dict[GangKey, _Unfit] = field(default_factory=dict)
@@ -105,6 +117,7 @@ class Reconciler:
     _busy: dict[str, int] = field(default_factory=dict)  # key -> the job holding it
     _deferred: dict[int, set[str]] = field(default_factory=dict)  # job -> keys to queue when it ends
     _jobs: int = 0
+    _overcommits: frozenset[Overcommit] = frozenset()  # as last reported
 
     # -- the busy registry ------------------------------------------------------------------------------
 
@@ -165,6 +178,7 @@ class Reconciler:
         generation = self.capacity_generation()  # before deciding: a later change re-queues us
         ready: list[GangPlan] = []
         others: list[GangPlan] = []
+        refused: list[tuple[GangPlan, AllocationError]] = []
         with self.cache.lock:
             for gang in gangs:
                 key = GANG_PREFIX + gang
@@ -176,10 +190,15 @@ class Reconciler:
                 unfit = self._unfit.get(gang)
                 if plan.action == "allocate" and unfit and unfit.key == (plan.signature, generation):
                     continue  # did not fit, and neither the gang nor the capacity changed since
+                if plan.action == "allocate" and (error := self._backend_refused(plan)) is not None:
+                    refused.append((plan, error))
+                    continue
                 (ready if plan.action == "allocate" else others).append(plan)
             decisions = self._decide_all(ready) if ready else []
         for plan in others:
             self._act(plan)
+        for plan, error in refused:
+            self._failed(plan, error)
         if self.preemptor is not None:
             self.preemptor.placed(
                 [
@@ -203,6 +222,13 @@ class Reconciler:
                     lambda w, plan=plan, decision=outcome: self._commit(w, plan, decision),  # type: ignore[misc]
                     requeue=(GANG_PREFIX + plan.key,),
                 )
+            elif plan.hand_over_unfit:
+                self.metrics.decisions.labels(outcome="handed_over").inc()
+                self._start_job(
+                    [GANG_PREFIX + plan.key, *_claim_keys(plan)],
+                    lambda w, plan=plan, decision=outcome: self._hand_over(w, plan, decision),  # type: ignore[misc]
+                    requeue=(GANG_PREFIX + plan.key,),
+                )
             else:
                 self._mark_unschedulable(plan.key, fit=False)
                 self.metrics.decisions.labels(outcome="unschedulable").inc()
@@ -214,6 +240,34 @@ class Reconciler:
                     [GANG_PREFIX + plan.key],
                     lambda w, plan=plan, decision=outcome: self._unschedulable(w, plan, decision, generation),  # type: ignore[misc]
                 )
+
+    def _hand_over(self, writers: Writers, plan: GangPlan, decision: Decision) -> None:
+        """A committed kube-scheduler gang's next pod does not fit: ungate it unallocated, so that
+        kube-scheduler can bind the group (it holds every pod of it while one is gated); it then
+        allocates this pod itself when room appears. Said on the pod, once."""
+        self._ungate(writers, plan, {})
+        for pod in plan.gated:
+            meta = pod["metadata"]
+            message = (
+                f"Pod {meta['namespace']}/{meta['name']}: beyond its gang's minCount and no room now "
+                f"({bounded(decision.reason)}); handed to kube-scheduler without our placement, since "
+                "kube-scheduler binds no pod of the group while one still carries a scheduling gate"
+            )
+            writers.recorder.object_warning(
+                f"handover:{meta.get('uid')}", pod, kind="Pod", reason=REASON_HANDED_OVER, message=message
+            )
+
+    def _backend_refused(self, plan: GangPlan) -> AllocationError | None:
+        """With claim backend overrides forbidden: the first pending claim that names a backend."""
+        if self.settings.allow_claim_backend_override:
+            return None
+        for group in plan.groups:
+            for claim in group.pending_claims:
+                try:
+                    check_no_claim_backend(claim, driver=DRIVER_NAME)
+                except AllocationError as error:
+                    return error
+        return None
 
     def _decide_all(self, ready: list[GangPlan]) -> list[Decision | AllocationError]:
         """``decide_all``, with the preemptor's nominations in force when there is one."""
@@ -294,8 +348,13 @@ class Reconciler:
         """Finalizers, then allocations, then gates; a failed write undoes this gang alone."""
         writer = writers.writer
         written: list[dict[str, Any]] = []  # each claim as stored after our last write to it
+        lost = ""
         try:
             for claim, allocation in decision.allocations:
+                node = allocation_node(allocation)
+                if node and self._node_gone(node):  # no use writing the rest: it is undone below
+                    lost = f"Node {node}"
+                    break
                 with_finalizer = writer.add_finalizer(claim)
                 written.append(with_finalizer)
                 written[-1] = writer.write_allocation(with_finalizer, allocation)
@@ -304,9 +363,15 @@ class Reconciler:
                     self.cache.apply(Kind.CLAIM, "MODIFIED", stored)
                 gone = [str(object_key(c)) for c in written if self._deleted_meanwhile(Kind.CLAIM, c)]
                 gone += [str(object_key(p)) for p in plan.gated if self._deleted_meanwhile(Kind.POD, p)]
+                lost = lost or self._placement_lost(decision)
             if gone:  # deleted while we placed the gang: it cannot complete, so nothing is ungated
                 log.info("deleted during placement, undoing", extra={"gang": plan.key, "object": gone[0]})
                 self._give_back(writer, plan, decision, written, requeue=False)
+                return
+            if lost:  # a node (or its devices) went away: the gang is planned again, gates kept
+                log.info("placement lost during placement, undoing", extra={"gang": plan.key, "object": lost})
+                self.metrics.decisions.labels(outcome="retry").inc()
+                self._give_back(writer, plan, decision, written, requeue=True)
                 return
         except HaltWrites:
             raise  # as if killed: nothing is undone
@@ -342,6 +407,38 @@ class Reconciler:
         self.capacity_freed()
         if requeue:
             self.requeue_later(GANG_PREFIX + plan.key)
+
+    def _node_gone(self, node: str) -> bool:
+        current = self.cache.get(Kind.NODE, node)
+        return current is None or is_deleting(current)
+
+    def _placement_lost(self, decision: Decision) -> str:
+        """The first node or device the gang was placed on that the cache no longer holds (a Node
+        deleted or being deleted, its slices withdrawn); empty when all are there. Under ``cache.lock``."""
+        nodes: set[str] = {node for _pod, node in decision.pod_nodes if node}
+        nodes |= {node for _claim, a in decision.allocations if (node := allocation_node(a))}
+        for node in sorted(nodes):
+            if self._node_gone(node):
+                return f"Node {node}"
+        published: set[tuple[str, str, str]] = set()
+        for resource_slice in self.cache.objects(Kind.SLICE):
+            spec = resource_slice.get("spec") or {}
+            if spec.get("nodeName") and spec["nodeName"] not in nodes:
+                continue
+            pool = str((spec.get("pool") or {}).get("name", ""))
+            published |= {
+                (str(spec.get("driver", "")), pool, str(d.get("name"))) for d in spec.get("devices") or ()
+            }
+        for _claim, allocation in decision.allocations:
+            for result in (allocation.get("devices") or {}).get("results") or ():
+                device = (
+                    str(result.get("driver", "")),
+                    str(result.get("pool", "")),
+                    str(result.get("device", "")),
+                )
+                if device not in published:
+                    return f"device {'/'.join(device)}"
+        return ""
 
     def _deleted_meanwhile(self, kind: Kind, obj: dict[str, Any]) -> bool:
         """The deletion mark as our write returned it, or as the watch has seen it since (a new
@@ -426,6 +523,7 @@ class Reconciler:
         state = self._unfit.setdefault(plan.key, _Unfit())
         key = (plan.signature, generation)
         if state.key == key:
+            writers.recorder.keep_alive(plan.key)  # still so: its Event outlives the apiserver's TTL
             return  # nothing changed since we last said why
         if self.capacity_generation() != generation and state.stale < STALE_EXPLANATIONS_SKIPPED:
             # Capacity changed since this decision (a Node seen after its slices, a pod gone): the
@@ -450,14 +548,18 @@ class Reconciler:
             ]
         name = plan.key.split("/", 1)[1]
         message = f"gang {name} ({len(plan.gated)} pods) needs {describe_demand(claims)}; "
-        message += (
+        offered = (
             f"best node {offer.node} offers room for {offer.pods} of {len(plan.gated)} pods "
             f"({offer.shares} devices)"
             if offer and offer.shares
             else "no node offers any"
         )
-        if "CPU/memory" in decision.reason or "room for the pods" in decision.reason or plan.topology_key:
-            message += f"; {decision.reason}"
+        if decision.short_of != "devices":  # what is short comes first: the devices are not it
+            message += f"{decision.reason}; devices: {offered}"
+        else:
+            message += offered
+            if plan.topology_key:
+                message += f"; {decision.reason}"
         shapes = profile_shapes(self.settings.hint_profiles) + existing_node_shapes(slices, nodes)
         hint = compute_hint(
             claims, pod_groups=pod_groups, shapes=shapes, cluster_slices=slices, classes=classes,
@@ -482,6 +584,51 @@ class Reconciler:
                     wanted = EventRecorder.hint_annotations(hint_json, provisioning)
                     self.cache.apply(Kind.POD, "MODIFIED", writers.writer.annotate_pod(pod, wanted))
         state.key, state.hint_json = key, hint_json
+
+    # -- overcommitted devices -------------------------------------------------------------------------
+
+    def report_overcommits(self, found: tuple[Overcommit, ...]) -> None:
+        """Export how many devices are overcommitted, and put a Warning Event on every claim of an
+        overcommit not reported before (once per change: the same overcommit is not said again)."""
+        self.metrics.overcommitted_devices.set(len({o.device for o in found}))
+        current = frozenset(found)
+        new = sorted(current - self._overcommits, key=lambda o: (o.device, o.dimension))
+        self._overcommits = current
+        for overcommit in new:
+            log.warning("device overcommitted", extra={"device": overcommit.device_name,
+                        "dimension": overcommit.dimension, "consumed": str(overcommit.consumed),
+                        "capacity": str(overcommit.capacity), "claims": len(overcommit.claims)})  # fmt: skip
+            claims = [c for key in overcommit.claims if (c := self.cache.get(Kind.CLAIM, key)) is not None]
+            self._start_job(
+                [f"overcommit:{overcommit.device_name}"],
+                lambda w, o=overcommit, claims=claims: self._post_overcommit(w, o, claims),  # type: ignore[misc]
+            )
+
+    def _post_overcommit(
+        self, writers: Writers, overcommit: Overcommit, claims: list[dict[str, Any]]
+    ) -> None:
+        message = f"{overcommit.describe()}; a node agent refuses to prepare a share beyond the device"
+        scope = f"overcommit:{overcommit.device_name}"
+        for claim in claims:
+            writers.recorder.object_warning(
+                scope, claim, kind="ResourceClaim", reason=REASON_OVERCOMMITTED, message=message
+            )
+
+    # -- refused shares ---------------------------------------------------------------------------------
+
+    def reconcile_refused(self, key: str) -> None:
+        """A claim whose share a node refused (``ShareRefused``): replace its pods, or say what to do."""
+        refusals = self.refusals
+        queue_key = REFUSED_PREFIX + key
+        if refusals is None:
+            return
+        job = self._busy_job([queue_key])
+        if job is not None:
+            self._defer(job, queue_key)
+            return
+        decided = refusals.decide(key)
+        if decided:
+            self._start_job([queue_key], lambda w: refusals.act(w, decided))
 
     # -- claims ---------------------------------------------------------------------------------------
 

@@ -36,6 +36,7 @@ def settings_from_config(config: ControllerConfig) -> ReconcilerSettings:
         provisioning_class=config.provisioning_class,
         topology_label=config.topology_label,
         preemption=config.preemption,
+        allow_claim_backend_override=config.allow_claim_backend_override,
     )
 
 

@@ -217,6 +217,9 @@ class GangSpec:
     claims: tuple[dict[str, Any], ...] = ()  # the PodGroup's spec.resourceClaims
     claim_statuses: tuple[dict[str, Any], ...] = ()  # its status.resourceClaimStatuses
     target: dict[str, Any] | None = None  # the object Events about the gang also go to
+    # kube-scheduler gang-schedules it too (a scheduling.k8s.io PodGroup or Workload): it binds the
+    # group only once no pod of it carries a scheduling gate, ours included (seen on 1.37.2).
+    scheduler_gang: bool = False
 
 
 ONE = GangSpec(min_count=1)
@@ -268,6 +271,7 @@ def _podgroup_spec(group: dict[str, Any]) -> GangSpec:
         claims=tuple(spec.get("resourceClaims") or ()),
         claim_statuses=tuple((group.get("status") or {}).get("resourceClaimStatuses") or ()),
         target=_target(group),
+        scheduler_gang=not policy.basic and not policy.invalid,
     )
 
 
@@ -293,6 +297,7 @@ def resolve(ref: GangRef, lookup: Lookup) -> GangSpec:
                     basic=policy.basic,
                     invalid=policy.invalid,
                     target=_target(workload),
+                    scheduler_gang=not policy.basic and not policy.invalid,
                 )
         return GangSpec(min_count=None, invalid=f"Workload {ref.name} has no podGroup {ref.pod_group!r}")
     if source is GangSource.FRACTIONAL:

@@ -58,6 +58,7 @@ from driver.controller.model.objects import (
     object_key,
     pod_requests,
 )
+from driver.controller.preemption.refusal import build_eviction
 from driver.controller.preemption.victims import (
     Budget,
     Choice,
@@ -485,14 +486,7 @@ class Preemptor:
 
     def _evict(self, core: Any, pod: dict[str, Any], *, dry_run: bool) -> None:
         meta = pod["metadata"]
-        body: dict[str, Any] = {
-            "apiVersion": "policy/v1",
-            "kind": "Eviction",
-            "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
-            "deleteOptions": {"preconditions": {"uid": meta.get("uid")}},
-        }
-        if dry_run:
-            body["deleteOptions"]["dryRun"] = ["All"]
+        body = build_eviction(meta["namespace"], meta["name"], str(meta.get("uid") or ""), dry_run=dry_run)
         self._check_fence()
         with api_errors(f"evict Pod {meta['namespace']}/{meta['name']}"):
             core.create_namespaced_pod_eviction(

@@ -1,6 +1,15 @@
-"""What the controller tells people and autoscalers about a gang that does not fit: one core v1
-Event per gang (on its first pod, re-emitted only when the message changes), the scale-up hint
-annotation on each pod, and optionally a ProvisioningRequest with one PodTemplate per pod shape.
+"""What the controller tells people and autoscalers about a gang that does not fit: a core/v1
+Event on its first pod (and its PodGroup or Workload), the scale-up hint annotation on each pod, and
+optionally a ProvisioningRequest with one PodTemplate per pod shape.
+
+Events follow client-go's core/v1 recorder (``tools/record``, its ``EventCorrelator``): an Event
+is one series per involved object (kind, namespace, name, UID), reason and message. A repeat
+updates the same Event (``count`` + 1, ``lastTimestamp``) with a merge patch; the first time, a
+different involved UID (a pod re-created under the same name), or once the Event may have expired
+(its last write is older than the apiserver's ``--event-ttl``, 1 h by default, or the patch finds
+it gone), a new Event is created. A series still observed is written again at least every
+``refresh_seconds`` (``keep_alive``), so a gang stuck for hours keeps its Event. Every write checks
+the leadership fence first, as ``ApiWriter``'s do: a replica that lost its lease says nothing more.
 """
 
 from __future__ import annotations
@@ -9,23 +18,32 @@ import hashlib
 import json
 import logging
 import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes import client
 
-from driver.controller.model.decode import bounded
+from driver.controller.model.decode import MAX_OBJECT_DEPTH, bounded, decode_json
 from driver.controller.model.objects import HINT_ANNOTATION, GangKey
-from driver.errors import ConflictError, NamespaceTerminatingError
+from driver.controller.writes.writer import HaltWrites, format_time
+from driver.errors import ConflictError, NamespaceTerminatingError, NotFoundError
 from driver.kube import REQUEST_TIMEOUT_SECONDS, api_errors
 
 __all__ = [
     "COMPONENT",
     "REASON_FAILED",
+    "REASON_HANDED_OVER",
     "REASON_REJECTED",
+    "REASON_SHARE_REFUSED",
     "REASON_UNSCHEDULABLE",
+    "EVENT_TTL_SECONDS",
     "EventMemory",
     "EventRecorder",
+    "EventSeries",
     "build_pod_template",
     "build_provisioning_request",
     "provisioning_request_name",
@@ -36,16 +54,27 @@ log = logging.getLogger(__name__)
 COMPONENT = "fractional-dra-controller"
 REASON_UNSCHEDULABLE = "GangUnschedulable"
 REASON_FAILED = "AllocationFailed"
+REASON_HANDED_OVER = "HandedToKubeScheduler"  # a gang's pod beyond minCount left to kube-scheduler
 REASON_REJECTED = "ObjectRejected"
+REASON_SHARE_REFUSED = "ShareRefused"  # a node refused a pod's share: the pod is replaced (or should be)
 MAX_EVENT_MESSAGE_CHARS = 1024  # kube-apiserver truncates longer Event messages the same way
 PROVISIONING_ANNOTATION = "cluster-autoscaler.kubernetes.io/consume-provisioning-request"
 PROVISIONING_CLASS_ANNOTATION = "cluster-autoscaler.kubernetes.io/provisioning-class-name"
+MERGE_PATCH = "application/merge-patch+json"
+EVENT_TTL_SECONDS = 3600.0  # kube-apiserver --event-ttl default: an Event not written for this long is gone
+REFRESH_SECONDS = 1800.0  # a series still observed is written again this often (client-go events: 30 min)
+MAX_SERIES = 4096  # series remembered, least recently used dropped first (client-go's LRU cache size)
 _NAME_LIMIT = 253
 _INVOLVED_API_VERSIONS = {"Pod": "v1", "ResourceClaim": "resource.k8s.io/v1"}
 
+SeriesKey = tuple[str, str, str, str, str, str, str]
+"""(scope, involved kind, namespace, name, UID, reason, message); scope: ``gang:<key>`` or ``uid:<uid>``."""
 
-def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+def _series_key(scope: str, obj: dict[str, Any], kind: str, reason: str, message: str) -> SeriesKey:
+    meta = obj.get("metadata") or {}
+    return (scope, kind, str(meta.get("namespace") or ""), str(meta.get("name") or ""),
+            str(meta.get("uid") or ""), reason, message)  # fmt: skip
 
 
 def _gang_name(gang: GangKey) -> str:
@@ -113,33 +142,96 @@ def build_provisioning_request(
     return request, templates
 
 
+@dataclass(frozen=True, slots=True)
+class EventSeries:
+    """One Event as last written: where, how often it was observed, and when (``written_at``: the
+    memory's monotonic clock). ``dropped``: its namespace was being deleted, nothing was created."""
+
+    namespace: str
+    name: str
+    count: int
+    first_timestamp: str
+    written_at: float
+    api_version: str = ""  # the involved object's
+    dropped: bool = False
+
+
 class EventMemory:
-    """The last message said about each gang or object, shared by every writer thread's recorder
-    (owns its lock): the same message is said once, whichever writer says it."""
+    """The Event series said, shared by every writer thread's recorder (owns its lock; never held
+    across an API call). A gang's jobs run one at a time, so one series is written by one thread."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        *,
+        monotonic: Callable[[], float] = time.monotonic,
+        ttl_seconds: float = EVENT_TTL_SECONDS,
+        refresh_seconds: float = REFRESH_SECONDS,
+        max_series: int = MAX_SERIES,
+    ) -> None:
         self._lock = threading.Lock()
-        self._last: dict[str, str] = {}
+        self._series: OrderedDict[SeriesKey, EventSeries] = OrderedDict()
+        self._last: dict[str, tuple[SeriesKey, ...]] = {}  # scope -> the series its last call wrote
+        self.monotonic = monotonic
+        self.ttl_seconds = ttl_seconds
+        self.refresh_seconds = refresh_seconds
+        self._max_series = max_series
 
-    def claim(self, key: str, message: str) -> bool:
-        """True (and remembered) when ``message`` is new for ``key``."""
+    def live(self, key: SeriesKey) -> EventSeries | None:
+        """The series if its Event may still exist (written within the TTL), else None (forgotten)."""
         with self._lock:
-            if self._last.get(key) == message:
-                return False
-            self._last[key] = message
-            return True
+            series = self._series.get(key)
+            if series is None:
+                return None
+            if self.monotonic() - series.written_at >= self.ttl_seconds:
+                del self._series[key]
+                return None
+            self._series.move_to_end(key)
+            return series
 
-    def forget(self, key: str, message: str | None = None) -> None:
+    def record(self, key: SeriesKey, series: EventSeries) -> None:
         with self._lock:
-            if message is None or self._last.get(key) == message:
-                self._last.pop(key, None)
+            self._series[key] = series
+            self._series.move_to_end(key)
+            while len(self._series) > self._max_series:
+                self._series.popitem(last=False)
+
+    def said(self, scope: str, keys: tuple[SeriesKey, ...]) -> None:
+        """``keys``: the series the scope's latest call wrote (``keep_alive`` renews those)."""
+        with self._lock:
+            self._last[scope] = keys
+            while len(self._last) > self._max_series:
+                self._last.pop(next(iter(self._last)))
+
+    def due(self, scope: str) -> list[SeriesKey]:
+        """The scope's latest series whose last write is ``refresh_seconds`` old or more."""
+        with self._lock:
+            now = self.monotonic()
+            return [
+                key
+                for key in self._last.get(scope, ())
+                if key in self._series and now - self._series[key].written_at >= self.refresh_seconds
+            ]
+
+    def forget(self, scope: str) -> None:
+        """End every series of ``scope`` (the gang was placed): the next Event starts a new one."""
+        with self._lock:
+            self._last.pop(scope, None)
+            for key in [k for k in self._series if k[0] == scope]:
+                del self._series[key]
 
 
 class EventRecorder:
-    """Runs on a writer thread with that thread's ``ApiClient``; ``memory`` is shared by all."""
+    """Runs on a writer thread with that thread's ``ApiClient``; ``memory`` is shared by all.
+    ``fence``: the controller's leadership fence; once set, no Event goes out (``HaltWrites``)."""
 
     def __init__(
-        self, api_client: client.ApiClient, *, identity: str, memory: EventMemory | None = None
+        self,
+        api_client: client.ApiClient,
+        *,
+        identity: str,
+        memory: EventMemory | None = None,
+        fence: threading.Event | None = None,
+        now: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self._core: Any = client.CoreV1Api(
             api_client
@@ -147,7 +239,10 @@ class EventRecorder:
         self._custom: Any = client.CustomObjectsApi(api_client)
         self._identity = identity or COMPONENT
         self._memory = memory or EventMemory()
-        self.emitted = 0
+        self._fence = fence
+        self._now = now
+        self.emitted = 0  # Events created
+        self.updated = 0  # repeats written to an existing Event
 
     def forget(self, gang: GangKey) -> None:
         self._memory.forget(f"gang:{gang}")
@@ -161,52 +256,122 @@ class EventRecorder:
         reason: str = REASON_UNSCHEDULABLE,
         also: dict[str, Any] | None = None,
     ) -> bool:
-        """Emit the gang's Event unless the same message was the last one; True when emitted.
-        ``also``: the gang's PodGroup (or Workload) as an object reference; it gets the Event too."""
-        if not self._memory.claim(f"gang:{gang}", message):
-            return False
-        try:
-            if not self._emit(pod, reason=reason, message=message):
-                return False
-            if also is not None and also.get("name") and also.get("kind"):
-                target = {"metadata": {"name": also["name"], "namespace": also.get("namespace") or
-                                       pod["metadata"]["namespace"], "uid": also.get("uid")}}  # fmt: skip
-                self._emit(target, reason=reason, message=message, kind=str(also["kind"]),
-                           api_version=str(also.get("apiVersion") or ""))  # fmt: skip
-        except BaseException:
-            self._memory.forget(f"gang:{gang}", message)  # not said: say it next time
-            raise
-        log.info(
-            "gang event emitted", extra={"gang": gang, "reason": reason, "event_message": bounded(message)}
-        )
-        return True
+        """Say ``message`` about the gang on ``pod`` (a repeat updates the same Event); True when
+        written. ``also``: the gang's PodGroup (or Workload) as an object reference; it gets the
+        Event too."""
+        scope = f"gang:{gang}"
+        targets = [(pod, "Pod", "")]
+        if also is not None and also.get("name") and also.get("kind"):
+            target = {"metadata": {"name": also["name"], "namespace": also.get("namespace") or
+                                   pod["metadata"]["namespace"], "uid": also.get("uid")}}  # fmt: skip
+            targets.append((target, str(also["kind"]), str(also.get("apiVersion") or "")))
+        keys = tuple(_series_key(scope, obj, kind, reason, message) for obj, kind, _ in targets)
+        written = False
+        for (obj, kind, api_version), key in zip(targets, keys, strict=True):
+            if not self._observe(
+                key, obj, reason=reason, message=message, kind=kind, api_version=api_version
+            ):
+                break  # dropped (namespace terminating): the other object lives there too
+            written = True
+        self._memory.said(scope, keys)
+        if written:
+            log.info(
+                "gang event emitted",
+                extra={"gang": gang, "reason": reason, "event_message": bounded(message)},
+            )
+        return written
+
+    def keep_alive(self, gang: GangKey) -> int:
+        """The gang is still as last said: write its Events again where their last write is
+        ``refresh_seconds`` old, so they outlive the apiserver's Event TTL. Returns the writes made."""
+        writes = 0
+        for key in self._memory.due(f"gang:{gang}"):
+            series = self._memory.live(key)
+            if series is None:
+                continue  # expired meanwhile: the next real observation creates it anew
+            _, kind, namespace, name, uid, reason, message = key
+            target = {"metadata": {"name": name, "namespace": namespace, "uid": uid or None}}
+            written = self._observe(
+                key, target, reason=reason, message=message, kind=kind, api_version=series.api_version
+            )
+            writes += int(written)
+        return writes
 
     def object_rejected(self, resource: str, obj: dict[str, Any], problem: str) -> bool:
         """A Warning Event on an object the controller will not act on (``problem`` names the field);
-        emitted once per object UID and message. True when emitted."""
+        one series per object UID and message. True when written."""
         meta = obj.get("metadata") or {}
         uid = str(meta.get("uid") or "")
         what = "ResourceClaim" if resource == "resourceclaims" else "Pod"
         message = (
             f"{what} {meta.get('namespace')}/{meta.get('name')}: {problem}; the controller leaves it alone"
         )
-        if not self._memory.claim(f"uid:{uid}", message):
+        key = _series_key(f"uid:{uid}", obj, what, REASON_REJECTED, message)
+        if not self._observe(key, obj, reason=REASON_REJECTED, message=message, kind=what):
             return False
-        try:
-            self._emit(obj, reason=REASON_REJECTED, message=message, kind=what)
-        except BaseException:
-            self._memory.forget(f"uid:{uid}", message)
-            raise
         log.warning("object rejected", extra={"resource": resource, "object": f"{meta.get('namespace')}/"
                     f"{meta.get('name')}", "reason": bounded(problem)})  # fmt: skip
         return True
 
-    def _emit(
-        self, obj: dict[str, Any], *, reason: str, message: str, kind: str = "Pod", api_version: str = ""
+    def object_warning(
+        self, scope: str, obj: dict[str, Any], *, kind: str, reason: str, message: str
     ) -> bool:
-        """Create the Event; False when its namespace is being deleted (nothing to tell there)."""
+        """A Warning Event on any object (``kind`` its API kind, e.g. "ResourceClaim"), one series per
+        ``scope``, object, reason and message; a repeat updates it. True when written."""
+        key = _series_key(scope, obj, kind, reason, message)
+        return self._observe(key, obj, reason=reason, message=message, kind=kind)
+
+    def _observe(
+        self, key: SeriesKey, obj: dict[str, Any], *, reason: str, message: str, kind: str = "Pod",
+        api_version: str = "",
+    ) -> bool:  # fmt: skip
+        """One more observation of the series ``key``: update its Event, or create one. True when
+        written; False when dropped (its namespace is being deleted: said once, not retried)."""
+        series = self._memory.live(key)
+        if series is not None and series.dropped:
+            return False  # its namespace is being deleted: not tried again
+        now = format_time(self._now())
+        if series is not None:
+            self._check_fence()
+            count = series.count + 1
+            if self._update(series, count=count, last_timestamp=now, message=message):
+                self._memory.record(key, replace(series, count=count, written_at=self._memory.monotonic()))
+                return True
         meta = obj["metadata"]
-        now = _now()
+        self._check_fence()
+        name = self._create(obj, reason=reason, message=message, kind=kind, api_version=api_version, now=now)
+        self._memory.record(key, EventSeries(
+            namespace=meta["namespace"], name=name or "", count=1, first_timestamp=now,
+            written_at=self._memory.monotonic(), api_version=api_version, dropped=name is None,
+        ))  # fmt: skip
+        return name is not None
+
+    def _check_fence(self) -> None:
+        """Once the fence is set (leadership lost) no Event may go out, as no other write may."""
+        if self._fence is not None and self._fence.is_set():
+            raise HaltWrites()
+
+    def _update(self, series: EventSeries, *, count: int, last_timestamp: str, message: str) -> bool:
+        """Patch the series' Event; False when it is gone (expired or deleted): a new one is due."""
+        body = {"count": count, "lastTimestamp": last_timestamp,
+                "message": bounded(message, MAX_EVENT_MESSAGE_CHARS - 40)}  # fmt: skip
+        try:
+            with api_errors(f"update Event {series.namespace}/{series.name}"):
+                self._core.patch_namespaced_event(
+                    series.name, series.namespace, body, _content_type=MERGE_PATCH, _preload_content=False,
+                    _request_timeout=REQUEST_TIMEOUT_SECONDS,
+                )  # fmt: skip
+        except NotFoundError:
+            log.info("event gone, creating a new one", extra={"event": f"{series.namespace}/{series.name}"})
+            return False
+        self.updated += 1
+        return True
+
+    def _create(
+        self, obj: dict[str, Any], *, reason: str, message: str, kind: str, api_version: str, now: str
+    ) -> str | None:
+        """Create the Event; its name, or None when its namespace is being deleted (nothing to tell)."""
+        meta = obj["metadata"]
         body = {
             "apiVersion": "v1",
             "kind": "Event",
@@ -230,16 +395,17 @@ class EventRecorder:
         }
         try:
             with api_errors(f"create Event for {kind} {meta['namespace']}/{meta['name']}"):
-                self._core.create_namespaced_event(
+                response = self._core.create_namespaced_event(
                     meta["namespace"], body, _preload_content=False, _request_timeout=REQUEST_TIMEOUT_SECONDS
                 )
         except NamespaceTerminatingError:
             # Nothing can be created there any more, and its pods are going: the Event is moot. Seen
             # on kube-apiserver 1.37.2: retrying it kept a gang's key in the queue at ~5 passes/s.
             log.info("event dropped: namespace terminating", extra={"namespace": meta["namespace"]})
-            return False
+            return None
         self.emitted += 1
-        return True
+        created = decode_json(response.data, max_depth=MAX_OBJECT_DEPTH).value
+        return str(((created if isinstance(created, dict) else {}).get("metadata") or {}).get("name") or "")
 
     def publish_provisioning_request(
         self, gang: GangKey, pods: list[dict[str, Any]], provisioning_class: str

@@ -117,7 +117,9 @@ class WritePool:
         api_client = new_api_client(self._configuration)
         writers = Writers(
             writer=ApiWriter(api_client, hook=self._hook, fence=self._fence),
-            recorder=EventRecorder(api_client, identity=self._identity, memory=self._memory),
+            recorder=EventRecorder(
+                api_client, identity=self._identity, memory=self._memory, fence=self._fence
+            ),
         )
         try:
             while True:
