@@ -3,6 +3,9 @@
 Per GPU: memory and guaranteed compute allocated, the number of shares (the demo's table,
 ``driver.gpu_usage``), then per GPU the pods holding a share of it. ``--watch`` redraws every
 ``--interval`` seconds until Ctrl-C. Read-only: lists ResourceSlices and ResourceClaims.
+
+The GPUs and their free counts are always the whole cluster's (every namespace's claims hold
+capacity); ``-n NAMESPACE`` narrows only the list of who holds what, and the header says so.
 """
 
 from __future__ import annotations
@@ -51,8 +54,11 @@ def _share_lines(claims: Iterable[Mapping[str, Any]], gpus: Mapping[tuple[str, s
     return lines
 
 
-def render_status(slices: list[dict[str, Any]], claims: list[dict[str, Any]]) -> str:
-    """The table, then who holds each GPU (pure)."""
+def render_status(
+    slices: list[dict[str, Any]], claims: list[dict[str, Any]], *, namespace: str | None = None
+) -> str:
+    """The table, then who holds each GPU (pure). ``claims``: every namespace's (the counts are the
+    cluster's); ``namespace``: list only its holders."""
     usage = compute_gpu_usage(slices, claims)
     if not usage:
         return f"no GPUs published by {DRIVER_NAME} (no ResourceSlices of the driver)"
@@ -66,21 +72,30 @@ def render_status(slices: list[dict[str, Any]], claims: list[dict[str, Any]]) ->
     shared = sum(u.shares for u in usage if not u.exclusive)
     whole = sum(1 for u in usage if u.exclusive)
     free = sum(1 for u in usage if not u.exclusive and not u.shares)
+    scope = (
+        "the whole cluster"
+        if namespace is None
+        else f"the whole cluster; claims of namespace {namespace} listed"
+    )
     lines = [
+        f"GPUs of {scope}",
         render_usage_table(usage),
         "",
-        f"{len(usage)} GPUs: {free} free, {whole} taken whole, {shared} shares on the others",
+        f"{len(usage)} GPUs: {free} free, {whole} taken whole, {shared} shares on the others (cluster-wide)",
     ]
-    holders = _share_lines(claims, gpus)
+    listed = [
+        c for c in claims if namespace is None or (c.get("metadata") or {}).get("namespace") == namespace
+    ]
+    holders = _share_lines(listed, gpus)
     if holders:
         lines += ["", "who holds what (namespace/pods [claim] size):", *holders]
+    elif namespace is not None:
+        lines += ["", f"no claim of namespace {namespace} holds a GPU"]
     return "\n".join(lines)
 
 
-def read_cluster(
-    configuration: Any, namespace: str | None
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """ResourceSlices and ResourceClaims (of ``namespace``, or all), as API-shaped dicts."""
+def read_cluster(configuration: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """ResourceSlices and the ResourceClaims of every namespace, as API-shaped dicts."""
     from kubernetes import client
 
     from driver.kube import REQUEST_TIMEOUT_SECONDS, api_errors, new_api_client
@@ -89,15 +104,10 @@ def read_cluster(
     resource = client.ResourceV1Api(api_client)
     with api_errors("list ResourceSlices"):
         slices = resource.list_resource_slice(_request_timeout=REQUEST_TIMEOUT_SECONDS).items
-    with api_errors("list ResourceClaims"):
-        if namespace:
-            claims = resource.list_namespaced_resource_claim(
-                namespace, _request_timeout=REQUEST_TIMEOUT_SECONDS
-            ).items
-        else:
-            claims = resource.list_resource_claim_for_all_namespaces(
-                _request_timeout=REQUEST_TIMEOUT_SECONDS
-            ).items
+    with api_errors("list ResourceClaims of every namespace (what holds the GPUs)"):
+        claims = resource.list_resource_claim_for_all_namespaces(
+            _request_timeout=REQUEST_TIMEOUT_SECONDS
+        ).items
     return [as_dict(s) for s in slices], [as_dict(c) for c in claims]
 
 
@@ -106,7 +116,8 @@ def run_status(config: StatusConfig, stop: threading.Event, out: TextIO) -> int:
 
     configuration = load_configuration(config.kubeconfig)
     while True:
-        text = render_status(*read_cluster(configuration, config.namespace))
+        slices, claims = read_cluster(configuration)
+        text = render_status(slices, claims, namespace=config.namespace)
         out.write((CLEAR_SCREEN if config.watch else "") + text + "\n")
         out.flush()
         if not config.watch or stop.wait(config.interval_seconds):

@@ -7,8 +7,12 @@ Read from the API (pods, claims, slices, classes, nodes, events), then explained
 - each claim: allocated (where) or not, and what it asks for (``explain.describe_demand``);
 - the GPUs that came closest and what each lacks (memory, compute, taken whole, shares in the way
   of a whole-GPU request), from the allocator's free capacities;
+- a request no GPU of the cluster can ever hold (compute over 100 %, more memory than the largest
+  GPU, more devices than any node has), named with the largest capacity published;
 - the gang it waits with (members present and gated), the best single node's offer
-  (``explain.best_node_offer``), the scale-up hint annotation and the latest events.
+  (``explain.best_node_offer``), the scale-up hint annotation and the latest events about the pod,
+  its gang's pods or its PodGroup/Workload, matched on ``involvedObject`` (core/v1) or
+  ``regarding`` (events.k8s.io/v1): kind, namespace, name, and UID when the Event has one.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from driver import DRIVER_NAME
 from driver.allocator import ClusterState
 from driver.config import WhyConfig
 from driver.controller.diagnosis.explain import best_node_offer, describe_demand, format_bytes
@@ -33,7 +38,16 @@ from driver.controller.model.objects import (
 from driver.controller.sizing.fragmentation import GpuCapacity, build_gpu_capacities, products_from_slices
 from driver.errors import FractionalError
 
-__all__ = ["ClusterView", "DeviceFit", "GpuNeed", "compute_device_fits", "explain_pod", "run_why"]
+__all__ = [
+    "ClusterView",
+    "DeviceFit",
+    "GpuNeed",
+    "compute_device_fits",
+    "compute_impossible",
+    "event_is_about",
+    "explain_pod",
+    "run_why",
+]
 
 KUEUE_GATE = "kueue.x-k8s.io/admission"
 GPU_CLASS = "gpu.fractional.dev"
@@ -119,6 +133,71 @@ def compute_device_fits(gpus: Iterable[GpuCapacity], need: GpuNeed) -> list[Devi
     return [fit for _, _, fit in ranked]
 
 
+def _gpu_capacities(slices: Iterable[Mapping[str, Any]]) -> tuple[dict[str, int], int]:
+    """The largest value each capacity of our GPUs takes in the cluster, and the most GPUs one node has."""
+    largest: dict[str, int] = {}
+    per_node: dict[str, int] = {}
+    for resource_slice in slices:
+        spec = resource_slice.get("spec") or {}
+        if spec.get("driver") != DRIVER_NAME:
+            continue
+        node = str(spec.get("nodeName") or (spec.get("pool") or {}).get("name") or "")
+        for device in spec.get("devices") or ():
+            if ((device.get("attributes") or {}).get("type") or {}).get("string") != "gpu":
+                continue
+            per_node[node] = per_node.get(node, 0) + 1
+            for name, capacity in (device.get("capacity") or {}).items():
+                value = int(quantity((capacity or {}).get("value", 0)))
+                largest[name] = max(largest.get(name, 0), value)
+    return largest, max(per_node.values(), default=0)
+
+
+def _amount(name: str, value: int) -> str:
+    return format_bytes(value) if name == "memory" else f"{value}%" if name == "compute" else str(value)
+
+
+def compute_impossible(claims: Iterable[Mapping[str, Any]], slices: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Why each GPU request of ``claims`` can never be allocated in this cluster, whatever is freed:
+    a capacity above the largest any GPU publishes, or more GPUs than any node has (pure)."""
+    largest, most_per_node = _gpu_capacities(slices)
+    if most_per_node == 0:
+        return []  # no GPU published: said elsewhere
+    reasons = []
+    for claim in claims:
+        claim_name = (claim.get("metadata") or {}).get("name")
+        for request in ((claim.get("spec") or {}).get("devices") or {}).get("requests") or ():
+            exact = request.get("exactly") or next(iter(request.get("firstAvailable") or ()), None) or {}
+            if exact.get("deviceClassName") != GPU_CLASS:
+                continue
+            where = f"ResourceClaim {claim_name} request {request.get('name')}"
+            for name, raw in sorted(((exact.get("capacity") or {}).get("requests") or {}).items()):
+                asked = int(quantity(raw))
+                if name not in largest:
+                    reasons.append(f"{where}: asks for capacity {name!r}, which no GPU publishes")
+                elif asked > largest[name]:
+                    reasons.append(
+                        f"{where}: {name}: asks for {_amount(name, asked)}, the largest GPU in the "
+                        f"cluster has {_amount(name, largest[name])}"
+                    )
+            count = int(exact.get("count") or 1) if exact.get("allocationMode", "ExactCount") != "All" else 1
+            if count > most_per_node:
+                reasons.append(
+                    f"{where}: count: asks for {count} GPUs on one node, the largest node has {most_per_node}"
+                )
+    return reasons
+
+
+def event_is_about(event: Mapping[str, Any], kind: str, namespace: str, name: str, uid: str | None) -> bool:
+    """The Event's object (core/v1 ``involvedObject``, events.k8s.io/v1 ``regarding``) is this one:
+    kind, namespace and name equal, and the UID too when both have one (a re-created pod is another)."""
+    ref = event.get("involvedObject") or event.get("regarding") or {}
+    if ref.get("kind") != kind or ref.get("name") != name:
+        return False
+    if (ref.get("namespace") or (event.get("metadata") or {}).get("namespace")) != namespace:
+        return False
+    return not (uid and ref.get("uid") and ref.get("uid") != uid)
+
+
 def _state(view: ClusterView) -> ClusterState:
     state = ClusterState()
     for device_class in view.classes:
@@ -134,7 +213,7 @@ def _state(view: ClusterView) -> ClusterState:
     return state
 
 
-def _holder(pod: Mapping[str, Any]) -> list[str]:
+def _holder(pod: Mapping[str, Any], impossible: Sequence[str] = ()) -> list[str]:
     spec = pod.get("spec") or {}
     status = pod.get("status") or {}
     if (pod.get("metadata") or {}).get("deletionTimestamp"):
@@ -152,7 +231,9 @@ def _holder(pod: Mapping[str, Any]) -> list[str]:
     for gate in gates:
         if gate not in (KUEUE_GATE, GATE):
             lines.append(f"gated by {gate} (not ours)")
-    if not gates:
+    if not gates and impossible:
+        lines.append("not gated and not bound: no node of this cluster can ever hold its claims (below)")
+    elif not gates:
         lines.append("not gated and not bound: waiting for kube-scheduler")
         for condition in status.get("conditions") or ():
             if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
@@ -164,8 +245,14 @@ def explain_pod(pod: dict[str, Any], view: ClusterView, *, policy: str = "best-f
     """The lines ``fractional why`` prints (pure: reads only its arguments)."""
     meta = pod["metadata"]
     namespace, name = meta["namespace"], meta["name"]
-    lines = [f"pod {namespace}/{name}:", *(f"  {line}" for line in _holder(pod))]
     claims_by_name = {c["metadata"]["name"]: c for c in view.claims}
+    own_pending = [
+        claims_by_name[r.claim_name]
+        for r in pod_claim_refs(pod)
+        if r.claim_name in claims_by_name and not _allocated(claims_by_name[r.claim_name])
+    ]
+    impossible = compute_impossible(own_pending, view.slices)
+    lines = [f"pod {namespace}/{name}:", *(f"  {line}" for line in _holder(pod, impossible))]
     pending: list[dict[str, Any]] = []
     lines.append("claims:")
     refs = pod_claim_refs(pod)
@@ -203,6 +290,9 @@ def explain_pod(pod: dict[str, Any], view: ClusterView, *, policy: str = "best-f
         if size is not None and len(members) < size:
             lines.append(f"  waits for {size - len(members)} more pod(s) of the gang to exist")
 
+    if impossible:
+        lines.append("impossible: no GPU in the cluster can ever hold this request, whatever is freed:")
+        lines += [f"  {reason}" for reason in impossible]
     state = _state(view) if view.slices else None
     need = gpu_need(pending)
     if need is not None and state is not None:
@@ -235,20 +325,27 @@ def explain_pod(pod: dict[str, Any], view: ClusterView, *, policy: str = "best-f
             lines.append("best single node: none has room for any of its pods")
     hint = (meta.get("annotations") or {}).get(HINT_ANNOTATION)
     lines.append(f"scale-up hint: {hint}" if hint else "scale-up hint: none")
-    gang_name = gang.split("/", 1)[1]
-    related = [
-        e
-        for e in view.events
-        if (e.get("involvedObject") or {}).get("name")
-        in ({name} | {str(p["metadata"]["name"]) for p in members})
-        or gang_name in str(e.get("message") or "")
-    ]
-    related.sort(key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or ""))
+    about = [("Pod", str(p["metadata"]["name"]), p["metadata"].get("uid")) for p in [pod, *members]]
+    if gang_ref.source in (GangSource.PODGROUP, GangSource.COSCHEDULING, GangSource.VOLCANO):
+        about.append(("PodGroup", gang_ref.name, None))
+    elif gang_ref.source is GangSource.WORKLOAD:
+        about.append(("Workload", gang_ref.name, None))
+    related = [e for e in view.events if any(event_is_about(e, k, namespace, n, u) for k, n, u in about)]
+    related.sort(key=_event_time)
     if related:
         lines.append("latest events:")
         for event in related[-3:]:
-            lines.append(f"  {event.get('reason')}: {event.get('message')}")
+            text = event.get("message") or event.get("note")
+            lines.append(f"  {event.get('reason')}: {text}")
     return lines
+
+
+def _event_time(event: Mapping[str, Any]) -> str:
+    series = event.get("series") or {}
+    return str(
+        series.get("lastObservedTime") or event.get("lastTimestamp") or event.get("eventTime")
+        or event.get("firstTimestamp") or ""
+    )  # fmt: skip
 
 
 def read_view(configuration: Any, namespace: str) -> ClusterView:

@@ -8,10 +8,12 @@ import sys
 from pathlib import Path
 
 import kubernetes_validate
+import pynvml
 import pytest
 import yaml
 
 from driver.cli import main
+from tests.inventory.fake_pynvml import FakeGPU, FakeNVML
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -98,3 +100,50 @@ def test_unknown_profile_name(capsys: pytest.CaptureFixture[str]) -> None:
     # A configuration error, exit 2, like every other bad flag (it was 1: issue 28)
     assert main(["discover", "--profile", "b200-8x"]) == 2
     assert "h100-8x" in capsys.readouterr().err
+
+
+class _NoNVML:
+    """pynvml as it is on a machine without the NVIDIA driver: importable, nvmlInit fails."""
+
+    NVMLError = pynvml.NVMLError
+
+    def __init__(self, code: int) -> None:
+        self.code = code
+
+    def nvmlInit(self) -> None:
+        raise pynvml.NVMLError(self.code)
+
+
+@pytest.mark.parametrize(
+    ("code", "why"),
+    [
+        (pynvml.NVML_ERROR_LIBRARY_NOT_FOUND, "libnvidia-ml.so.1 not found"),
+        (pynvml.NVML_ERROR_DRIVER_NOT_LOADED, "the NVIDIA driver is not loaded"),
+    ],
+)
+def test_no_flags_and_no_nvml_says_what_to_pass(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], code: int, why: str
+) -> None:
+    monkeypatch.delenv("FRACTIONAL_BACKEND", raising=False)
+    monkeypatch.delenv("FRACTIONAL_PROFILE", raising=False)
+    monkeypatch.setitem(sys.modules, "pynvml", _NoNVML(code))
+    assert main(["discover"]) == 2
+    error = capsys.readouterr().err
+    assert f"--backend (FRACTIONAL_BACKEND): no NVML on this machine ({why}); pass --profile NAME" in error
+    assert "a100-pcie-4x, h100-8x, l4-2x" in error
+    assert main(["discover", "--profile", "l4-2x"]) == 0  # as it says: a profile alone means fake devices
+    assert "backend fake" in capsys.readouterr().out.splitlines()[0]
+
+
+def test_no_flags_chooses_nvml_when_it_answers(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    monkeypatch.delenv("FRACTIONAL_BACKEND", raising=False)
+    monkeypatch.delenv("FRACTIONAL_PROFILE", raising=False)
+    nvml = FakeNVML([FakeGPU(uuid="GPU-a", bus_id="00000000:1B:00.0")])
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    assert main(["discover", "--sysfs-root", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("node node-1  backend nvml  driver 550.54.15")
+    assert lines[2].split()[:2] == ["gpu-0", "gpu"]
+    assert nvml.initialized == 2 and nvml.shutdowns == 2  # the probe, then the discovery

@@ -1,16 +1,47 @@
-"""One entry point over the backends, and the inventory table ``fractional discover`` prints."""
+"""One entry point over the backends, whether NVML answers on this machine (``probe_nvml``), and
+the inventory table ``fractional discover`` prints."""
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
+from typing import Any
 
 from driver.errors import InventoryError
 from driver.inventory.model import GPU, NIC, NodeInventory
 
-__all__ = ["discover_inventory", "render_inventory_table"]
+__all__ = ["NVML_LIBRARY", "discover_inventory", "probe_nvml", "render_inventory_table"]
 
 GIB = 1024**3
+NVML_LIBRARY = "libnvidia-ml.so.1"  # what pynvml loads (NVML API reference, "Initialization")
 _SHARE_STEP_BYTES = 256 * 1024**2
+# nvmlReturn_t values (stable ABI), read from the module when it has them
+_LIBRARY_NOT_FOUND = 12
+_DRIVER_NOT_LOADED = 9
+
+
+def probe_nvml(nvml_module: Any | None = None) -> str | None:
+    """None when NVML answers here (pynvml imports and ``nvmlInit`` succeeds; it is shut down
+    again), else why not, in words (e.g. "libnvidia-ml.so.1 not found")."""
+    nvml = nvml_module
+    if nvml is None:
+        try:
+            import pynvml
+        except ImportError as error:
+            return f"pynvml (nvidia-ml-py) is not importable: {error}"
+        nvml = pynvml
+    try:
+        nvml.nvmlInit()
+    except nvml.NVMLError as error:
+        code = getattr(error, "value", None)
+        if code == getattr(nvml, "NVML_ERROR_LIBRARY_NOT_FOUND", _LIBRARY_NOT_FOUND):
+            return f"{NVML_LIBRARY} not found"
+        if code == getattr(nvml, "NVML_ERROR_DRIVER_NOT_LOADED", _DRIVER_NOT_LOADED):
+            return "the NVIDIA driver is not loaded"
+        return f"nvmlInit failed: {error}"
+    with contextlib.suppress(nvml.NVMLError):  # it answered; discovery initializes it again
+        nvml.nvmlShutdown()
+    return None
 
 
 def discover_inventory(

@@ -78,3 +78,107 @@ def test_a_deeply_nested_claims_file_is_a_clear_error(tmp_path: Path) -> None:
     claims.write_text("gangs: " + "[" * 3000 + "]" * 3000 + "\n", encoding="utf-8")
     with pytest.raises(ConfigError, match="nested too deeply"):
         run_plan(PlanConfig(profile="h100-8x", claims=str(claims), output="json"))
+
+
+EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").rglob("*.yaml"))
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: str(p.relative_to(EXAMPLES[0].parents[1])))
+def test_every_shipped_example_is_planned_or_its_skip_is_named(example: Path) -> None:
+    """Each example either plans (rows, and a reason for anything left out) or says, per object,
+    why there is nothing to plan."""
+    try:
+        text = run_plan(PlanConfig(profile="h100-8x", claims=str(example), output="json"))
+    except ConfigError as error:
+        assert ": gangs: nothing to plan (" in str(error)
+        reasons = str(error).split("nothing to plan (", 1)[1]
+        assert all(": " in part for part in reasons.split("; ")), reasons
+        return
+    document = json.loads(text)
+    assert document["rows"], example
+    assert all(row["fits"] for row in document["rows"]), document  # every example fits one h100-8x
+    for skipped in document.get("skipped", ()):
+        assert skipped["object"] and skipped["reason"]
+
+
+@pytest.mark.parametrize(
+    ("example", "gang", "pods"),
+    [
+        ("gang-job.yaml", "gang-train", 4),  # a Job's parallelism, gang by our label
+        ("inference-fractional.yaml", "deployment/inference", 3),  # a Deployment's replicas
+        ("gpu-nic-training.yaml", "pod/aligned-training", 1),  # a Pod with a template
+        ("kueue/job.yaml", "kueue-train", 4),
+        ("kueue/whole-gpu-job.yaml", "job/whole-gpu", 1),
+    ],
+)
+def test_workloads_with_claim_templates_are_read(example: str, gang: str, pods: int) -> None:
+    rows = _rows("h100-8x", _example(example))
+    assert rows[gang]["pods"] == pods and rows[gang]["nodes"] == 1
+
+
+def _example(name: str) -> Path:
+    return Path(__file__).resolve().parents[2] / "examples" / name
+
+
+_TEMPLATE = (
+    "apiVersion: resource.k8s.io/v1\nkind: ResourceClaimTemplate\nmetadata: {name: share}\n"
+    "spec: {spec: {devices: {requests: [{name: g, exactly: {deviceClassName: gpu.fractional.dev,"
+    " capacity: {requests: {memory: 40Gi}}}}]}}}\n---\n"
+    "apiVersion: resource.k8s.io/v1\nkind: ResourceClaimTemplate\nmetadata: {name: whole}\n"
+    "spec: {spec: {devices: {requests: [{name: g, exactly: {deviceClassName: gpu.fractional.dev}}]}}}\n---\n"
+)
+_POD = (
+    "{metadata: {labels: {fractional.dev/gang: %s}, annotations: {fractional.dev/gang-size: '%d'}},"
+    " spec: {schedulingGates: [{name: fractional.dev/allocation}], resourceClaims: [{name: g,"
+    " resourceClaimTemplateName: %s}], containers: [{name: c, image: x}]}}"
+)
+
+
+def test_a_jobset_is_replicated_jobs_times_replicas_times_parallelism(tmp_path: Path) -> None:
+    path = tmp_path / "jobset.yaml"
+    path.write_text(
+        _TEMPLATE + "apiVersion: jobset.x-k8s.io/v1alpha2\nkind: JobSet\nmetadata: {name: js}\n"
+        "spec: {replicatedJobs: [{name: workers, replicas: 2, template: {spec: {parallelism: 3,"
+        f" completions: 3, template: {_POD % ('js', 6, 'share')}}}}}}}]}}\n"
+    )
+    rows = _rows("h100-8x", path)
+    assert rows["js"]["pods"] == 6 and rows["js"]["nodes"] == 1  # 2 x 3 pods, one 40Gi share each
+    assert rows["js"]["gpusUsed"] == 6
+
+
+def test_a_leader_worker_set_is_size_times_replicas_one_gang_per_group(tmp_path: Path) -> None:
+    path = tmp_path / "lws.yaml"
+    path.write_text(
+        _TEMPLATE + "apiVersion: leaderworkerset.x-k8s.io/v1\nkind: LeaderWorkerSet\nmetadata: {name: lws}\n"
+        "spec: {replicas: 2, leaderWorkerTemplate: {size: 3,"
+        " leaderTemplate: {spec: {schedulingGates: [{name: fractional.dev/allocation}], resourceClaims:"
+        " [{name: g, resourceClaimTemplateName: whole}], containers: [{name: c, image: x}]}},"
+        " workerTemplate: {spec: {schedulingGates: [{name: fractional.dev/allocation}], resourceClaims:"
+        " [{name: g, resourceClaimTemplateName: share}], containers: [{name: c, image: x}]}}}}\n"
+    )
+    rows = _rows("h100-8x", path)
+    # LWS labels each group with its group key and size: two gangs of three pods (leader + 2 workers)
+    assert set(rows) == {"lws-0", "lws-1", "(all gangs, in order)"}
+    assert rows["lws-0"]["pods"] == 3
+    assert rows["lws-0"]["memoryUsedBytes"] == 79 * 1024**3 + 2 * 40 * 1024**3  # a whole H100, two shares
+
+
+def test_what_cannot_be_planned_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "mixed.yaml"
+    path.write_text(
+        _TEMPLATE + "apiVersion: batch/v1\nkind: Job\nmetadata: {name: short}\n"
+        f"spec: {{parallelism: 2, template: {_POD % ('short', 4, 'share')}}}\n---\n"
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: settings}\n---\n"
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web}\n"
+        "spec: {replicas: 2, selector: {}, template: {spec: {resourceClaims: [{name: g,"
+        " resourceClaimTemplateName: whole}], containers: [{name: c, image: x}]}}}\n"
+    )
+    assert main(["plan", "--profile", "h100-8x", "--claims", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "deployment/web" in out
+    skipped = out.split("skipped:\n", 1)[1].splitlines()
+    assert skipped == [
+        "  Job short: gang short needs 4 pods together, the file makes 2: the controller would wait for"
+        " the rest",
+        "  ConfigMap settings: not a workload: it makes no pods and asks for no devices",
+    ]

@@ -3,7 +3,8 @@
 Owns ``explain`` (why a gang does not fit, in words: what it asks for and what the best single node
 offers; used in the controller's Events and by ``fractional why`` and ``fractional status``) and
 ``plan`` (``fractional plan``: how many nodes of a profile a set of claims and gangs needs, offline,
-with the controller's own allocator and hint search).
+with the controller's own allocator and hint search; ``workloads``: the pods a Deployment, Job,
+JobSet, LeaderWorkerSet... stamps, as the controller would see them).
 
 May import: ``driver.allocator``, ``driver.config``, ``driver.slices``, ``driver.errors``,
 ``driver.controller.model``, ``driver.controller.sizing``, ``driver.controller.kueue`` and

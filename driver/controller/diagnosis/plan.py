@@ -22,6 +22,15 @@ that point at it (``spec.schedulingGroup`` or ``spec.workloadRef``) and the
 ``ResourceClaimTemplate``/``ResourceClaim`` documents their claims name; the first such pod's
 claims are planned ``minCount`` times. A claim shared through the PodGroup (KEP-5729) is left
 out: the plan counts per-pod claims.
+
+Workloads are read as the controller would see them (``workloads``): a ``Pod``, ``Deployment``,
+``ReplicaSet``, ``StatefulSet``, ``Job``, ``JobSet`` or ``LeaderWorkerSet`` stamps pods from its
+template, and the gated pods fall in gangs by the controller's own markers (our label and size,
+Kueue's pod group, LWS's group key and size, coscheduling's and Volcano's PodGroup in the file);
+the other pods of one workload are planned together as one row named ``<kind>/<name>``. A
+``ResourceClaim`` that a pod names is planned with that pod (once per gang), not on its own.
+Whatever the file holds that is not planned is named with the reason (``skipped``); a file with
+nothing to plan is an error that lists them.
 """
 
 from __future__ import annotations
@@ -37,18 +46,31 @@ import yaml
 from driver.allocator import ClusterState
 from driver.config import PlanConfig
 from driver.controller.diagnosis.explain import format_bytes
+from driver.controller.diagnosis.workloads import stamp_pods
 from driver.controller.kueue.plan import append_kueue_report
 from driver.controller.model.decode import bounded
-from driver.controller.model.objects import GANG_LABEL, allocation_node, quantity
+from driver.controller.model.gang_identity import (
+    COSCHEDULING_PODGROUPS,
+    PODGROUPS,
+    VOLCANO_PODGROUPS,
+    WORKLOADS,
+    GangSource,
+    identify,
+    resolve,
+)
+from driver.controller.model.objects import GANG_LABEL, allocation_node, is_gated, quantity
 from driver.controller.sizing.hints import Hint, NodeShape, build_template, compute_hint, profile_shapes
 from driver.errors import ConfigError
 from driver.slices import build_device_classes
 
 __all__ = [
+    "ClaimsFile",
     "Gang",
     "PlanRow",
+    "Skipped",
     "compute_plan",
     "parse_claims_file",
+    "read_claims_file",
     "render_plan",
     "run_plan",
 ]
@@ -60,7 +82,26 @@ MAX_PLAN_NODES = 512
 class Gang:
     name: str
     replicas: int
-    claim_specs: tuple[dict[str, Any], ...]  # per pod
+    claim_specs: tuple[dict[str, Any], ...]  # per pod (the first pod's when ``pod_claim_specs`` is set)
+    pod_claim_specs: tuple[tuple[dict[str, Any], ...], ...] = ()  # pods unlike each other: each one's
+
+
+@dataclass(frozen=True, slots=True)
+class Skipped:
+    """Something in the claims file that is not planned, and why."""
+
+    what: str  # e.g. "HorizontalPodAutoscaler inference"
+    reason: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {"object": self.what, "reason": self.reason}
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimsFile:
+    gangs: tuple[Gang, ...]
+    classes: tuple[dict[str, Any], ...]
+    skipped: tuple[Skipped, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,8 +220,131 @@ def scheduling_gangs(path: str, documents: list[Any]) -> tuple[list[Gang], set[s
     return gangs, used
 
 
+_OBJECT_KIND = {  # (apiVersion group, kind) -> the gang object kind gang_identity looks up
+    ("scheduling.k8s.io", "PodGroup"): PODGROUPS,
+    ("scheduling.k8s.io", "Workload"): WORKLOADS,
+    ("scheduling.x-k8s.io", "PodGroup"): COSCHEDULING_PODGROUPS,
+    ("scheduling.volcano.sh", "PodGroup"): VOLCANO_PODGROUPS,
+}
+_PLANNED_KINDS = {"ResourceClaim", "ResourceClaimTemplate", "PodGroup", "Workload", "DeviceClass"}
+
+
+def _namespaced(document: dict[str, Any]) -> str:
+    meta = document.get("metadata") or {}
+    return f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
+
+
+def workload_gangs(path: str, documents: list[Any]) -> tuple[list[Gang], set[str], set[str], list[Skipped]]:
+    """Gangs from the pods the workload documents stamp (``workloads.stamp_pods``), grouped as the
+    controller groups them; also the ResourceClaim and ResourceClaimTemplate names their pods use,
+    and what was skipped. Pods that join a PodGroup or Workload are ``scheduling_gangs``'."""
+    templates = {str(d["metadata"]["name"]): (d.get("spec") or {}).get("spec")
+                 for d in documents if d.get("kind") == "ResourceClaimTemplate"}  # fmt: skip
+    claims = {
+        str(d["metadata"]["name"]): d.get("spec") for d in documents if d.get("kind") == "ResourceClaim"
+    }
+    objects = {}
+    for document in documents:
+        group = str(document.get("apiVersion") or "").rpartition("/")[0]
+        kind = _OBJECT_KIND.get((group, str(document.get("kind"))))
+        if kind is not None:
+            objects[(kind, _namespaced(document))] = document
+    used_claims: set[str] = set()
+    used_templates: set[str] = set()
+    skipped: list[Skipped] = []
+    # gang (or workload) -> (row name, what the controller reads, the workloads, the pods)
+    groups: dict[str, tuple[str, Any, list[str], list[dict[str, Any]]]] = {}
+    for document in documents:
+        stamped = stamp_pods(document)
+        if stamped is None:
+            continue
+        if stamped.problem:
+            skipped.append(Skipped(stamped.workload, stamped.problem))
+            continue
+        for pod in stamped.pods:
+            for entry in (pod.get("spec") or {}).get("resourceClaims") or ():
+                if entry.get("resourceClaimTemplateName"):
+                    used_templates.add(str(entry["resourceClaimTemplateName"]))
+                elif entry.get("resourceClaimName"):
+                    used_claims.add(str(entry["resourceClaimName"]))
+        ref = identify(stamped.pods[0])
+        joined = (
+            PODGROUPS if ref.source is GangSource.PODGROUP else WORKLOADS,
+            f"{ref.namespace}/{ref.name}",
+        )
+        if ref.source in (GangSource.PODGROUP, GangSource.WORKLOAD):
+            if document.get("kind") != "Pod":
+                what = "PodGroup" if ref.source is GangSource.PODGROUP else "Workload"
+                skipped.append(Skipped(stamped.workload, f"its pods join the {what} {ref.name}: give the "
+                                       f"{what} and one Pod document that names it"))  # fmt: skip
+            elif joined not in objects:
+                skipped.append(Skipped(stamped.workload, f"it joins {ref.name}, which is not in the file"))
+            continue  # scheduling_gangs plans it
+        for pod in stamped.pods:
+            ref = identify(pod)
+            if is_gated(pod) and ref.source is not None:
+                key, row = str(ref.key), ref.name
+            else:  # placed pod by pod (a gang of one, or kube-scheduler's): one row per workload
+                kind, _, name = stamped.workload.partition(" ")
+                key, row = f"workload:{stamped.workload}", f"{kind.lower()}/{name}"
+            entry = groups.setdefault(key, (row, ref, [], []))
+            if stamped.workload not in entry[2]:
+                entry[2].append(stamped.workload)
+            entry[3].append(pod)
+    gangs: list[Gang] = []
+    for key, (row, ref, workloads, pods) in groups.items():
+        what = " and ".join(workloads)
+        if not key.startswith("workload:"):
+            spec = resolve(ref, lambda kind, name: objects.get((kind, name)))
+            if spec.invalid or spec.waiting:
+                skipped.append(Skipped(what, f"gang {row}: {spec.invalid or spec.waiting}"))
+                continue
+            size = len(pods) if spec.whole or spec.min_count is None else spec.min_count
+            if len(pods) < size:
+                skipped.append(Skipped(what, f"gang {row} needs {size} pods together, the file makes "
+                                       f"{len(pods)}: the controller would wait for the rest"))  # fmt: skip
+                continue
+        per_pod: list[tuple[dict[str, Any], ...]] = []
+        shared: set[str] = set()
+        missing = ""
+        for pod in pods:
+            specs = []
+            for position, entry in enumerate((pod.get("spec") or {}).get("resourceClaims") or ()):
+                field = f"{pod['metadata']['name']}: spec.resourceClaims[{position}]"
+                if entry.get("resourceClaimTemplateName"):
+                    template = str(entry["resourceClaimTemplateName"])
+                    spec_doc = templates.get(template)
+                    missing = missing or ("" if spec_doc is not None else f"ResourceClaimTemplate {template}")
+                else:
+                    claim_name = str(entry.get("resourceClaimName"))
+                    if claim_name in shared:
+                        continue  # one claim, shared by the pods: planned once, with the first
+                    shared.add(claim_name)
+                    spec_doc = claims.get(claim_name)
+                    missing = missing or ("" if spec_doc is not None else f"ResourceClaim {claim_name}")
+                if spec_doc is not None:
+                    specs.append(_claim_spec(path, f"{what}: pod {field}", spec_doc))
+            if specs:
+                per_pod.append(tuple(specs))
+        if missing:
+            skipped.append(Skipped(what, f"its pods name {missing}, which is not in the file"))
+        elif not per_pod:
+            skipped.append(Skipped(what, "its pods ask for no devices (no resourceClaims)"))
+        else:
+            alike = all(specs == per_pod[0] for specs in per_pod)
+            gangs.append(Gang(name=row, replicas=len(per_pod), claim_specs=per_pod[0],
+                              pod_claim_specs=() if alike else tuple(per_pod)))  # fmt: skip
+    return gangs, used_claims, used_templates, skipped
+
+
 def parse_claims_file(path: str) -> tuple[list[Gang], list[dict[str, Any]]]:
     """Gangs and device classes from a claims file (format in the module docstring)."""
+    parsed = read_claims_file(path)
+    return list(parsed.gangs), list(parsed.classes)
+
+
+def read_claims_file(path: str) -> ClaimsFile:
+    """Gangs, device classes and what was skipped, from a claims file (format in the module docstring)."""
     try:
         documents = [d for d in yaml.safe_load_all(Path(path).read_text(encoding="utf-8")) if d is not None]
     except OSError as error:
@@ -194,14 +358,27 @@ def parse_claims_file(path: str) -> tuple[list[Gang], list[dict[str, Any]]]:
         if not isinstance(document, dict):
             raise _fail(path, f"document {index}", "expected a mapping")
     gangs, used_claims = scheduling_gangs(path, documents)
+    stamped, pod_claims, used_templates, skipped = workload_gangs(path, documents)
+    gangs += stamped
+    used_claims |= pod_claims
     grouped: dict[str, list[dict[str, Any]]] = {}
     for index, document in enumerate(documents):
-        if (
-            document.get("kind") == "ResourceClaim"
-            and (document.get("metadata") or {}).get("name") in used_claims
-        ):
-            continue  # a pod of a PodGroup/Workload gang names it
-        if document.get("kind") == "ResourceClaim":
+        kind = document.get("kind")
+        what = f"{kind} {(document.get('metadata') or {}).get('name') or '(unnamed)'}"
+        if kind == "ResourceClaim" and (document.get("metadata") or {}).get("name") in used_claims:
+            continue  # a pod names it: planned with that pod
+        if kind == "ResourceClaimTemplate" and document["metadata"].get("name") not in used_templates:
+            skipped.append(Skipped(what, "no pod in the file uses it"))
+            continue
+        if kind is not None and kind not in _PLANNED_KINDS and stamp_pods(document) is None:
+            skipped.append(Skipped(what, "not a workload: it makes no pods and asks for no devices"))
+            continue
+        if kind is None and "gangs" not in document and "deviceClasses" not in document:
+            skipped.append(
+                Skipped(f"document {index}", "no kind and no gangs: not an object this plan reads")
+            )
+            continue
+        if kind == "ResourceClaim":
             meta = document.get("metadata") or {}
             spec = _claim_spec(path, f"document {index}.spec", document.get("spec"))
             gang = (meta.get("labels") or {}).get(GANG_LABEL) or meta.get("name") or f"claim-{index}"
@@ -227,11 +404,14 @@ def parse_claims_file(path: str) -> tuple[list[Gang], list[dict[str, Any]]]:
         else:  # a labelled group: one pod per claim, all at once
             gangs.extend(Gang(name=f"{name}/{i}", replicas=1, claim_specs=(s,)) for i, s in enumerate(specs))
     if not gangs:
-        raise _fail(path, "gangs", "no gangs and no ResourceClaim documents found")
+        reasons = (
+            "; ".join(f"{s.what}: {s.reason}" for s in skipped) or "the file holds no gangs and no claims"
+        )
+        raise _fail(path, "gangs", f"nothing to plan ({reasons})")
     names = [g.name for g in gangs]
     if len(set(names)) != len(names):
         raise _fail(path, "gangs[].name", "names must be unique")
-    return gangs, classes
+    return ClaimsFile(gangs=tuple(gangs), classes=tuple(classes), skipped=tuple(skipped))
 
 
 def _claims_for(gangs: Sequence[Gang]) -> tuple[list[dict[str, Any]], list[list[int]]]:
@@ -240,7 +420,8 @@ def _claims_for(gangs: Sequence[Gang]) -> tuple[list[dict[str, Any]], list[list[
     for gang in gangs:
         for replica in range(gang.replicas):
             group = []
-            for index, spec in enumerate(gang.claim_specs):
+            specs = gang.pod_claim_specs[replica] if gang.pod_claim_specs else gang.claim_specs
+            for index, spec in enumerate(specs):
                 name = f"{gang.name.replace('/', '-')}-{replica}-{index}".lower()
                 group.append(len(claims))
                 claims.append({
@@ -356,11 +537,14 @@ def _leftover_text(row: PlanRow) -> str:
     return f"{format_bytes(min(values)) if min(values) else '0'} .. {format_bytes(max(values))}"
 
 
-def render_plan(rows: Sequence[PlanRow], output: str) -> str:
+def render_plan(rows: Sequence[PlanRow], output: str, skipped: Sequence[Skipped] = ()) -> str:
+    data: dict[str, Any] = {"rows": [r.as_dict() for r in rows]}
+    if skipped:
+        data["skipped"] = [s.as_dict() for s in skipped]
     if output == "json":
-        return json.dumps({"rows": [r.as_dict() for r in rows]}, indent=2)
+        return json.dumps(data, indent=2)
     if output == "yaml":
-        return str(yaml.safe_dump({"rows": [r.as_dict() for r in rows]}, sort_keys=False)).rstrip()
+        return str(yaml.safe_dump(data, sort_keys=False)).rstrip()
     header = ("GANG", "PODS", "FITS ON", "GPUS USED", "GPU MEMORY USED", "LEFTOVER GPU MEMORY PER NODE")
     table = [header]
     for r in rows:
@@ -368,15 +552,19 @@ def render_plan(rows: Sequence[PlanRow], output: str) -> str:
         used = format_bytes(r.memory_used_bytes) if r.memory_used_bytes else "0"
         table.append((r.gang, str(r.pods), fits, str(r.gpus_used), used, _leftover_text(r)))
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
-    return "\n".join(
-        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in table
-    )
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in table]
+    if skipped:
+        lines += ["", "skipped:", *(f"  {s.what}: {s.reason}" for s in skipped)]
+    return "\n".join(lines)
 
 
 def run_plan(config: PlanConfig) -> str:
     """The text ``fractional plan`` prints."""
-    gangs, classes = parse_claims_file(config.claims)
+    parsed = read_claims_file(config.claims)
+    gangs, classes = list(parsed.gangs), list(parsed.classes)
     (shape,) = profile_shapes([config.profile])
-    text = render_plan(compute_plan(gangs, classes, shape, policy=config.policy), config.output)
+    text = render_plan(
+        compute_plan(gangs, classes, shape, policy=config.policy), config.output, parsed.skipped
+    )
     # issue 14: warn about claims Kueue refuses; with --kueue, what Kueue charges (kueue_plan.py)
     return append_kueue_report(text, gangs, classes, shape, output=config.output, charges=config.kueue)
