@@ -100,6 +100,16 @@ def _switch(flag: str) -> Callable[[str], bool]:
     return parse
 
 
+def _add_backend_override(p: argparse.ArgumentParser) -> None:
+    """The same switch on the agent and the controller (the chart sets both from one value)."""
+    flag = "--allow-claim-backend-override"
+    p.add_argument(
+        flag, nargs="?", const=True, type=_switch(flag), default=_env_bool(flag, True),
+        help="let a claim's own GpuConfig pick the sharing backend (sharing.backend); false: only the node's "
+        "--sharing and the DeviceClass's config decide, and such a claim is refused naming the field",
+    )  # fmt: skip
+
+
 def _env_bool(flag: str, default: bool = False) -> bool:
     raw = os.environ.get(env_name(flag))
     if raw is None or raw.strip() == "":
@@ -148,8 +158,13 @@ def _add_common(parser: argparse.ArgumentParser, *, default_level: str = "info")
     )
 
 
-def _add_backend_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--backend", default=_env("--backend", "fake"), help="fake | nvml")
+def _add_backend_flags(
+    parser: argparse.ArgumentParser,
+    *,
+    default_backend: str | None = "fake",
+    backend_help: str = "fake | nvml",
+) -> None:
+    parser.add_argument("--backend", default=_env("--backend", default_backend), help=backend_help)
     parser.add_argument(
         "--profile", default=_env("--profile", None), help="fake node profile: file or shipped name"
     )
@@ -183,7 +198,10 @@ def _build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("discover", help="print the node's inventory (or the ResourceSlices it would publish)")
-    _add_backend_flags(p)
+    _add_backend_flags(
+        p, default_backend=None,
+        backend_help="fake | nvml; default: fake with --profile, else nvml when NVML answers on this machine",
+    )  # fmt: skip
     p.add_argument("--node-name", default=_env("--node-name", "node-1"), help="the node the slices are for")
     p.add_argument("-o", "--output", default=_env("--output", "table"), help="table | yaml | json")
     _add_common(p)
@@ -265,6 +283,13 @@ def _build_parser() -> argparse.ArgumentParser:
         default=_env_float("--resync-seconds", 30.0),
         help="republish the slices this often",
     )
+    p.add_argument(
+        "--withhold-claimed-gpus", nargs="?", const=True, type=_switch("--withhold-claimed-gpus"),
+        default=_env_bool("--withhold-claimed-gpus", True),
+        help="leave out of the ResourceSlices the GPUs also handed out by NVIDIA's device plugin (the Node "
+        "advertises nvidia.com/gpu) or another DRA driver (same UUID); false: publish them and only warn",
+    )  # fmt: skip
+    _add_backend_override(p)
     _add_common(p)
 
     p = sub.add_parser("controller", help="run the allocation controller")
@@ -328,6 +353,7 @@ def _build_parser() -> argparse.ArgumentParser:
         help="where gangs are read from: comma list of podgroup, workload, fractional, coscheduling, kueue, "
         "lws, volcano (or upstream, markers, all); auto: upstream, ours and the markers the cluster serves",
     )  # fmt: skip
+    _add_backend_override(p)
     _add_common(p)
 
     p = sub.add_parser("plan", help="how many nodes of a profile a set of claims/gangs needs")
@@ -402,12 +428,31 @@ def _stop_event_on_signals() -> threading.Event:
     return stop
 
 
+def _discover_backend(backend: str | None, profile: str | None) -> str:
+    """``--backend`` as given; else fake with a ``--profile``, else nvml when NVML answers here."""
+    if backend:
+        return backend
+    if profile:
+        return "fake"
+    from driver.inventory.discover import probe_nvml
+    from driver.inventory.fake import list_profiles
+
+    problem = probe_nvml()
+    if problem is None:
+        return "nvml"
+    raise ConfigError(
+        field="--backend (FRACTIONAL_BACKEND)",
+        problem=f"no NVML on this machine ({problem}); pass --profile NAME for fake devices: "
+        f"{', '.join(list_profiles())} (or a profile file)",
+    )
+
+
 def _run_discover(args: argparse.Namespace) -> int:
     from driver.inventory.discover import discover_inventory, render_inventory_table
     from driver.slices import build_resource_slices, render_slices
 
     config = DiscoverConfig(
-        backend=args.backend,
+        backend=_discover_backend(args.backend, args.profile),
         profile=args.profile,
         sysfs_root=args.sysfs_root,
         node_name=args.node_name,
@@ -463,6 +508,8 @@ def build_plugin_config(args: argparse.Namespace) -> PluginConfig:
         ignored_xids=_parse_xids(args.ignored_xids),
         health_resend_seconds=args.health_resend_seconds,
         resync_seconds=args.resync_seconds,
+        withhold_claimed_gpus=args.withhold_claimed_gpus,
+        allow_claim_backend_override=args.allow_claim_backend_override,
     )
 
 
@@ -484,6 +531,7 @@ def build_controller_config(args: argparse.Namespace) -> ControllerConfig:
         topology_label=args.topology_label,
         preemption=args.preemption,
         gang_sources=args.gang_sources,
+        allow_claim_backend_override=args.allow_claim_backend_override,
     )
 
 

@@ -129,6 +129,11 @@ class PluginConfig:
     # fake backend: a label of the agent's own Node whose value names the profile to use
     # (``<value>.yaml`` beside the --profile file, else a shipped profile); --profile without it
     profile_node_label: str | None = None
+    # leave out of the slices the GPUs also handed out by NVIDIA's device plugin (the Node advertises
+    # nvidia.com/gpu) or published by another DRA driver (same UUID); detected and reported either way
+    withhold_claimed_gpus: bool = True
+    # a claim's own GpuConfig may pick the sharing backend; false: refused at prepare, naming the field
+    allow_claim_backend_override: bool = True
 
     def __post_init__(self) -> None:
         if not self.node_name:
@@ -171,6 +176,7 @@ class ControllerConfig:
     topology_label: str = "topology.kubernetes.io/zone"
     preemption: bool = True  # evict lower-priority pods for a gang that does not fit (issue 17)
     gang_sources: str = "auto"  # comma list (gang_identity.parse_gang_sources); auto: upstream, ours, markers
+    allow_claim_backend_override: bool = True  # false: a claim naming its own backend is not allocated
 
     def __post_init__(self) -> None:
         _check_choice("--policy", self.policy, POLICIES)

@@ -7,6 +7,11 @@ generation is kept when nothing new is created and at most one matched slice cha
 is bumped and every slice rewritten. Nothing is written when nothing changed. Every write is read
 back: if the server dropped ``allowMultipleAllocations`` (DRAConsumableCapacity off) one warning
 is logged and ``sharing_enabled`` turns False. A 409 re-lists and retries (bounded).
+
+Coexistence: the list is of every driver's slices of the node. With a ``coexistence`` check (the
+agent's ``driver.plugin.coexistence.CoexistenceMonitor``) each sync hands it the Node read for the
+owner reference and the other drivers' slices; the GPUs it names are left out of the pool, and come
+back at the first sync after it stops naming them (docs/install.md, Coexistence).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any
+from typing import Any, Protocol
 
 from kubernetes import client
 from kubernetes.utils.quantity import parse_quantity
@@ -37,7 +42,7 @@ from driver.slices import (
     slice_device_names,
 )
 
-__all__ = ["SHARING_OFF_WARNING", "PublishResult", "SlicePublisher"]
+__all__ = ["SHARING_OFF_WARNING", "CoexistenceCheck", "PublishResult", "SlicePublisher"]
 
 log = logging.getLogger(__name__)
 
@@ -53,9 +58,27 @@ _TAINTS = "taints"
 _WAKE_POLL_SECONDS = 0.25  # how often the loop notices request_sync() while it waits on stop
 
 
+class CoexistenceCheck(Protocol):
+    """Which GPUs to leave out of the pool because something else hands them out."""
+
+    def review(
+        self,
+        *,
+        node: Mapping[str, Any] | None,
+        slices: Sequence[Mapping[str, Any]],
+        inventory: NodeInventory,
+    ) -> frozenset[str]:
+        """Device names to withhold, given the Node (None: not found) and the other drivers'
+        ResourceSlices of the node; called once per sync attempt, on the publishing thread."""
+        ...
+
+    def close(self) -> None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class PublishResult:
-    """What one ``publish`` did; ``writes`` is created + updated + deleted."""
+    """What one ``publish`` did; ``writes`` is created + updated + deleted; ``withheld``: GPUs left out
+    of the pool by the coexistence check (device names)."""
 
     created: int
     updated: int
@@ -65,6 +88,7 @@ class PublishResult:
     slice_count: int
     sharing_enabled: bool
     attempts: int = 1
+    withheld: tuple[str, ...] = ()
 
     @property
     def writes(self) -> int:
@@ -79,12 +103,14 @@ class _Plan:
     creates: list[Obj]
     deletes: list[Obj]  # obsolete first, then surplus
     unchanged: int
+    withheld: tuple[str, ...] = ()
 
 
 class SlicePublisher:
     """Publishes one node's pool. ``publish`` runs on the caller's thread; ``run`` is the resync loop.
 
-    Each thread gets its own ``ApiClient`` built from ``configuration``; ``close()`` closes them.
+    Each thread gets its own ``ApiClient`` built from ``configuration``; ``close()`` closes them
+    (and the ``coexistence`` check, which it owns from then on).
     """
 
     def __init__(
@@ -97,6 +123,7 @@ class SlicePublisher:
         max_devices_per_slice: int = MAX_DEVICES_PER_SLICE,
         max_attempts: int = 5,
         retry_seconds: float = 1.0,
+        coexistence: CoexistenceCheck | None = None,
     ) -> None:
         self._configuration = configuration
         self.node_name = node_name
@@ -105,6 +132,7 @@ class SlicePublisher:
         self.max_devices_per_slice = max_devices_per_slice
         self.max_attempts = max_attempts
         self.retry_seconds = retry_seconds
+        self._coexistence = coexistence
         self._local = threading.local()
         self._lock = threading.Lock()  # guards the fields below; never held across an API call
         self._clients: list[Any] = []  # client.ApiClient (its close() is untyped)
@@ -126,12 +154,10 @@ class SlicePublisher:
             raise ValueError(
                 f"inventory is for node {inventory.node_name!r}, publisher for {self.node_name!r}"
             )
-        devices = build_devices(inventory, taints=taints)
-        chunks = build_device_chunks(devices, max_devices_per_slice=self.max_devices_per_slice)
-        node_uid = self._lookup_node_uid()
+        node = self._read_node()
         for attempt in range(1, self.max_attempts + 1):
             try:
-                plan = self._sync(chunks, node_uid)
+                plan = self._sync(inventory, taints, node)
             except ConflictError as error:
                 log.info(
                     "slice write conflicted; re-listing",
@@ -150,9 +176,10 @@ class SlicePublisher:
                 deleted=len(plan.deletes),
                 unchanged=plan.unchanged,
                 generation=plan.generation,
-                slice_count=len(chunks),
+                slice_count=len(plan.desired),
                 sharing_enabled=self.sharing_enabled,
                 attempts=attempt,
+                withheld=plan.withheld,
             )
         raise AssertionError("unreachable: the loop returns or raises")
 
@@ -202,11 +229,13 @@ class SlicePublisher:
         return thread
 
     def close(self) -> None:
-        """Close the ``ApiClient`` of every thread that used this publisher."""
+        """Close the ``ApiClient`` of every thread that used this publisher, and the coexistence check."""
         with self._lock:
             clients, self._clients = self._clients, []
         for api_client in clients:
             api_client.close()
+        if self._coexistence is not None:
+            self._coexistence.close()
 
     def __enter__(self) -> SlicePublisher:
         return self
@@ -216,9 +245,18 @@ class SlicePublisher:
 
     # -- sync -----------------------------------------------------------------------------------
 
-    def _sync(self, chunks: list[list[Obj]], node_uid: str | None) -> _Plan:
+    def _sync(self, inventory: NodeInventory, taints: Taints | None, node: Obj | None) -> _Plan:
         existing = self._list()
-        plan = self._plan(existing, chunks, node_uid)
+        ours = [item for item in existing if (item.get("spec") or {}).get("driver") == self.driver]
+        withheld: frozenset[str] = frozenset()
+        if self._coexistence is not None:
+            others = [item for item in existing if (item.get("spec") or {}).get("driver") != self.driver]
+            withheld = self._coexistence.review(node=node, slices=others, inventory=inventory)
+        devices = [
+            device for device in build_devices(inventory, taints=taints) if device["name"] not in withheld
+        ]
+        chunks = build_device_chunks(devices, max_devices_per_slice=self.max_devices_per_slice)
+        plan = self._plan(ours, chunks, _node_uid(node), withheld=tuple(sorted(withheld)))
         for obsolete in plan.deletes:
             self._delete(obsolete)
         for current, desired in plan.updates:
@@ -238,7 +276,9 @@ class SlicePublisher:
             )
         return plan
 
-    def _plan(self, existing: list[Obj], chunks: list[list[Obj]], node_uid: str | None) -> _Plan:
+    def _plan(
+        self, existing: list[Obj], chunks: list[list[Obj]], node_uid: str | None, *, withheld: tuple[str, ...]
+    ) -> _Plan:
         ours = [item for item in existing if _pool(item).get("name") == self.node_name]
         foreign = [item for item in existing if _pool(item).get("name") != self.node_name]
         current_generation = max((int(_pool(item).get("generation") or 0) for item in ours), default=0)
@@ -281,6 +321,7 @@ class SlicePublisher:
             creates=[desired[index] for index in new],
             deletes=foreign + obsolete + surplus,
             unchanged=len(matches) - len(changed),
+            withheld=withheld,
         )
 
     # -- API calls ------------------------------------------------------------------------------
@@ -296,19 +337,16 @@ class SlicePublisher:
         return api
 
     def _list(self) -> list[Obj]:
-        selector = f"spec.nodeName={self.node_name},spec.driver={self.driver}"
+        """Every driver's slices of this node: ours to sync, the others for the coexistence check
+        (one list either way; a node has a handful of slices)."""
+        selector = f"spec.nodeName={self.node_name}"
         with api_errors(f"list ResourceSlices of node {self.node_name}"):
             response = self._api().list_resource_slice(
                 field_selector=selector, _request_timeout=REQUEST_TIMEOUT_SECONDS, _preload_content=False
             )
         items: list[Obj] = _body(response).get("items") or []
         # A server without the field selector would return everything: filter again, cheaply.
-        return [
-            item
-            for item in items
-            if (item.get("spec") or {}).get("nodeName") == self.node_name
-            and (item.get("spec") or {}).get("driver") == self.driver
-        ]
+        return [item for item in items if (item.get("spec") or {}).get("nodeName") == self.node_name]
 
     def _create(self, desired: Obj) -> Obj:
         with api_errors(f"create ResourceSlice for node {self.node_name}"):
@@ -348,8 +386,9 @@ class SlicePublisher:
         except NotFoundError:
             pass  # already gone: that is what we wanted
 
-    def _lookup_node_uid(self) -> str | None:
-        """The Node's UID for ``ownerReferences``, read on every publish (one GET per sync).
+    def _read_node(self) -> Obj | None:
+        """The Node, for its UID (``ownerReferences``) and the coexistence check (its capacity),
+        read on every publish (one GET per sync); None when it does not exist.
 
         Never cached: a Node deleted and re-created (or an API server that restarted empty) has a
         new UID, and slices owned by the old one would be garbage-collected, re-created, and
@@ -373,8 +412,7 @@ class SlicePublisher:
             return None
         with self._lock:
             self._node_missing_warned = False
-        uid = (node.get("metadata") or {}).get("uid")
-        return str(uid) if uid else None
+        return node
 
     # -- read-back ------------------------------------------------------------------------------
 
@@ -423,6 +461,11 @@ def _body(response: Any) -> Obj:
     """The JSON body of a raw (``_preload_content=False``) response: exactly what the server sent."""
     document: Obj = json.loads(response.data)
     return document
+
+
+def _node_uid(node: Mapping[str, Any] | None) -> str | None:
+    uid = ((node or {}).get("metadata") or {}).get("uid")
+    return str(uid) if uid else None
 
 
 def _pool(item: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -16,6 +16,7 @@ from driver.cluster.apiserver import APIServer
 from driver.errors import ConflictError
 from driver.inventory.discover import discover_inventory
 from driver.inventory.model import NodeInventory
+from driver.plugin.coexistence import CoexistenceMonitor
 from driver.publisher import SHARING_OFF_WARNING, SlicePublisher
 
 NODE = "node-1"
@@ -272,6 +273,32 @@ def test_obsolete_generation_and_foreign_pool_are_deleted(
     assert (result.deleted, result.created, result.updated) == (2, 0, 0)
     remaining = {(s.spec.driver, s.spec.pool.name, s.spec.pool.generation) for s in slices(api)}
     assert remaining == {("fractional.dev", NODE, 1), ("gpu.nvidia.com", NODE, 9)}
+
+
+def test_gpus_claimed_elsewhere_are_withheld_until_the_conflict_clears(
+    api_server: APIServer, kube_configuration: client.Configuration, api: client.ResourceV1Api
+) -> None:
+    """The coexistence check gets the Node (read once, also for the owner) and the other drivers'
+    slices; what it names stays out of the pool, in place, and comes back when it stops naming it."""
+    with client.ApiClient(kube_configuration) as api_client:
+        core = client.CoreV1Api(api_client)
+        core.create_node({"metadata": {"name": NODE}, "status": {"capacity": {"nvidia.com/gpu": "8"}}})
+        gpu_names = tuple(gpu.name for gpu in h100().gpus)
+        with SlicePublisher(
+            kube_configuration, NODE, coexistence=CoexistenceMonitor(kube_configuration, NODE)
+        ) as publisher:
+            api_server.reset_counts()
+            result = publisher.publish(h100())
+            assert result.withheld == gpu_names and result.created == 1
+            assert api_server.request_count("get", "nodes") == 1
+            (published,) = slices(api)
+            assert {d.name for d in published.spec.devices} == {f"nic-{i}" for i in range(8)}
+
+            core.patch_node_status(NODE, {"status": {"capacity": {"nvidia.com/gpu": "0"}}})
+            result = publisher.publish(h100())
+            assert result.withheld == () and (result.updated, result.generation) == (1, 1)
+            (published,) = slices(api)
+            assert len(published.spec.devices) == 16
 
 
 def test_conflict_on_update_is_retried_and_nothing_is_lost(

@@ -14,16 +14,18 @@ Start-up order (``NodeAgent.start``):
     (nvml) the agent checks once that the NVIDIA toolkit's ``nvidia.com/gpu`` CDI spec exists in
     ``/etc/cdi``, ``/var/run/cdi`` or ``--cdi-root`` and logs a warning when it does not (prepared
     claims name ``nvidia.com/gpu=<uuid>``, which the runtime could not resolve);
- 2. DRA server (v1 + v1beta1 [+ health]) on ``<plugin-dir>/dra[-<podUID>].sock`` -- stale file
-    removed, then 0600 (0660 with ``--socket-group``); the plugin dir is 0750;
+ 2. DRA server (v1 + v1beta1 [+ health]) on ``<plugin-dir>/dra[-<podUID>].sock``: bound under a
+    hidden name, 0600 (0660 with ``--socket-group``), then renamed over a stale file
+    (``driver.plugin.server``); the plugin dir is 0750;
  3. registration server on ``<registry-dir>/fractional.dev[-<podUID>]-reg.sock``, last, because the
     kubelet calls the DRA socket as soon as it has registered us;
  4. the API client: the ``kubernetes`` package is imported only now (about 1 s and 25 MiB), so
     the kubelet can register the plugin meanwhile; a Prepare arriving before it is ready waits
     for it. A bad kubeconfig still fails ``start`` (exit 2), after the sockets are removed again;
- 5. the ``slice-publisher`` thread and the health monitor; the ``probe-http`` thread on
-    ``--metrics-port`` (``/metrics``, ``/healthz``, ``/readyz``; 0 = off); the ``claim-status``
-    thread that writes ``status.devices`` (``driver.plugin.status``).
+ 5. the ``slice-publisher`` thread (with the coexistence check, ``driver.plugin.coexistence``:
+    GPUs also handed out by NVIDIA's device plugin or another DRA driver) and the health monitor;
+    the ``probe-http`` thread on ``--metrics-port`` (``/metrics``, ``/healthz``, ``/readyz``;
+    0 = off); the ``claim-status`` thread that writes ``status.devices`` (``driver.plugin.status``).
 
 Health: the monitor's ``on_change`` stores the new taints and asks the publisher for an immediate
 publish (``SlicePublisher.request_sync``; its loop notices within a quarter second) and wakes the
@@ -31,7 +33,8 @@ v1alpha1 health streams, so a change does not wait for the periodic resync.
 
 Shutdown (``stop``): the registration server goes first (its socket disappears, the kubelet
 deregisters us), then the DRA server with a grace period for in-flight calls; threads are joined,
-sockets unlinked, sharing backends closed.
+sharing backends closed. Each socket is unlinked only while it still is the one this agent bound: a
+second agent with the same socket names (no pod UID) that started meanwhile keeps its sockets.
 """
 
 from __future__ import annotations
@@ -72,7 +75,7 @@ from driver.plugin.proto_gen import (
     pluginregistration_pb2_grpc,
 )
 from driver.plugin.registration import RegistrationServicer, RegistrationStatus, SocketPaths, socket_paths
-from driver.plugin.server import build_grpc_server, listen_unix, remove_socket, secure_socket
+from driver.plugin.server import UnixSocket, build_grpc_server, listen_unix, remove_socket
 from driver.plugin.sharing.base import DeviceNode, SharingBackend
 from driver.plugin.sharing.factory import build_sharing_backends
 from driver.plugin.sharing.mps import MpsBackend
@@ -285,6 +288,8 @@ class NodeAgent:
         self._dra_server: grpc.Server | None = None
         self._claim_fetcher: ClaimFetcher | None = None
         self._registration_server: grpc.Server | None = None
+        self._dra_socket: UnixSocket | None = None  # the sockets this agent bound (and only those
+        self._registration_socket: UnixSocket | None = None  # it removes: another may have replaced them)
         self._probe: ProbeServer | None = None
         self._publisher: SlicePublisher | None = None
         self._health: HealthMonitor | None = None
@@ -345,6 +350,7 @@ class NodeAgent:
         ensure_cdi_root(config.cdi_root)  # 0755 whatever the umask
         settings = PrepareSettings(
             default_backend=config.sharing,
+            allow_claim_backend_override=config.allow_claim_backend_override,
             backends=self._backends,
             pool_name=inventory.node_name,
             toolkit_cdi=inventory.backend == "nvml",
@@ -396,19 +402,24 @@ class NodeAgent:
         dra_health_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server(  # type: ignore[no-untyped-call]
             self._streamer, dra
         )
-        listen_unix(dra, self.paths.dra, flag="--plugin-dir (FRACTIONAL_PLUGIN_DIR)")
+        self._dra_socket = listen_unix(
+            dra, self.paths.dra, flag="--plugin-dir (FRACTIONAL_PLUGIN_DIR)", group=config.socket_group
+        )
         dra.start()
         self._dra_server = dra
-        secure_socket(self.paths.dra, group=config.socket_group)
 
         registration = build_grpc_server(max_workers=REGISTRATION_WORKERS)
         pluginregistration_pb2_grpc.add_RegistrationServicer_to_server(  # type: ignore[no-untyped-call]
             RegistrationServicer(endpoint=self.paths.dra, status=self.registration), registration
         )
-        listen_unix(registration, self.paths.registration, flag="--registry-dir (FRACTIONAL_REGISTRY_DIR)")
+        self._registration_socket = listen_unix(
+            registration,
+            self.paths.registration,
+            flag="--registry-dir (FRACTIONAL_REGISTRY_DIR)",
+            group=config.socket_group,
+        )
         registration.start()
         self._registration_server = registration
-        secure_socket(self.paths.registration, group=config.socket_group)
         self.serving.set()
         log.info(
             "kubelet plugin serving",
@@ -440,10 +451,17 @@ class NodeAgent:
 
         self._health.start()
         if self._publish_slices:
+            from driver.plugin.coexistence import CoexistenceMonitor
             from driver.publisher import SlicePublisher
 
             self._publisher = SlicePublisher(
-                self._require_configuration(), inventory.node_name, resync_seconds=config.resync_seconds
+                self._require_configuration(),
+                inventory.node_name,
+                resync_seconds=config.resync_seconds,
+                # the device plugin, another DRA driver (driver.plugin.coexistence); the publisher closes it
+                coexistence=CoexistenceMonitor(
+                    self._require_configuration(), inventory.node_name, withhold=config.withhold_claimed_gpus
+                ),
             )
             thread = threading.Thread(target=self._run_publisher, name="slice-publisher", daemon=True)
             thread.start()
@@ -570,6 +588,12 @@ class NodeAgent:
 
     # -- stop ----------------------------------------------------------------------------------
 
+    @staticmethod
+    def _remove_own_socket(socket: UnixSocket | None) -> None:
+        """Unlink a socket this agent bound, unless another agent's socket took its place."""
+        if socket is not None:
+            remove_socket(socket)
+
     def stop(self, grace: float = STOP_GRACE_SECONDS) -> None:
         """Idempotent: deregister, drain, join, unlink, close."""
         self.stop_event.set()
@@ -579,17 +603,14 @@ class NodeAgent:
         if self._registration_server is not None:
             self._registration_server.stop(0).wait()
             self._registration_server = None
+        self._registration_socket = self._remove_own_socket(self._registration_socket)
         if self._dra_server is not None:
             self._dra_server.stop(grace).wait()
             self._dra_server = None
+        self._dra_socket = self._remove_own_socket(self._dra_socket)
         if self._claim_fetcher is not None:
             self._claim_fetcher.close()
             self._claim_fetcher = None
-        for path in (self.paths.registration, self.paths.dra):
-            try:
-                remove_socket(path)
-            except ConfigError as error:
-                log.warning("socket path not removed", extra={"path": str(path), "reason": str(error)})
         if self._status_writer is not None:  # after the DRA server: nothing enqueues any more
             self._status_writer.close(timeout=grace + 5.0)
             self._status_writer = None
