@@ -7,6 +7,12 @@ service version as the given kubelet version would, ``NotifyRegistrationStatus``
 ``prepare``/``unprepare`` with the kubelet's 45 s deadline on the chosen version, and
 ``watch_health`` on the v1alpha1 stream.
 
+``NodeStatusReporter`` is the kubelet's other half towards the API: its node status manager and
+node lease controller (``pkg/kubelet/kubelet_node_status.go``, ``pkg/kubelet/nodelease``). It posts
+the Node's conditions (``Ready`` True, the pressure conditions False), ``nodeInfo`` and addresses,
+and renews the Node's Lease in ``kube-node-lease``, every ``heartbeat_seconds``; so ``kubectl get
+nodes`` shows STATUS Ready and a VERSION.
+
     kubelet = KubeletSimulator(registry_dir, kubelet_version="1.35")
     kubelet.register()
     answer = kubelet.prepare([{"namespace": "ns", "name": "c", "uid": "..."}])
@@ -16,17 +22,23 @@ service version as the given kubelet version would, ``NotifyRegistrationStatus``
 
 from __future__ import annotations
 
+import datetime
+import logging
+import platform
 import stat
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import grpc
+from kubernetes import client
 
-from driver.errors import FractionalError
+from driver.errors import FractionalError, NotFoundError, TransientError
+from driver.kube import REQUEST_TIMEOUT_SECONDS, api_errors, as_dict, new_api_client
 from driver.plugin.proto_gen import (
     dra_health_v1alpha1_pb2,
     dra_health_v1alpha1_pb2_grpc,
@@ -38,13 +50,39 @@ from driver.plugin.proto_gen import (
     pluginregistration_pb2_grpc,
 )
 
-__all__ = ["KubeletSimulator", "Registration", "RegistrationRefused", "choose_service", "pod_status"]
+__all__ = [
+    "HostFacts",
+    "KubeletSimulator",
+    "NodeStatusReporter",
+    "Registration",
+    "RegistrationRefused",
+    "build_node_lease",
+    "build_node_status",
+    "choose_service",
+    "kubelet_git_version",
+    "pod_status",
+    "read_host_facts",
+]
+
+log = logging.getLogger(__name__)
 
 GET_INFO_TIMEOUT_SECONDS = 1.0
 NOTIFY_TIMEOUT_SECONDS = 5.0
 CALL_TIMEOUT_SECONDS = 45.0  # defaultClientCallTimeout
 DRA_PLUGIN_TYPE = "DRAPlugin"
 HEALTH_SERVICE = "v1alpha1.DRAResourceHealth"
+
+HEARTBEAT_SECONDS = 10.0  # nodeStatusUpdateFrequency, and the node lease's renew interval
+NODE_LEASE_NAMESPACE = "kube-node-lease"
+NODE_LEASE_DURATION_SECONDS = 40  # the kubelet's nodeLeaseDurationSeconds
+# The four conditions a kubelet posts, in its order: (type, status, reason, message).
+_NODE_CONDITIONS = (
+    ("MemoryPressure", "False", "KubeletHasSufficientMemory", "kubelet has sufficient memory available"),
+    ("DiskPressure", "False", "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
+    ("PIDPressure", "False", "KubeletHasSufficientPID", "kubelet has sufficient PID available"),
+    ("Ready", "True", "KubeletReady", "kubelet is posting ready status"),
+)
+_GOARCH = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
 
 _SERVICES = {
     "v1.DRAPlugin": (dra_v1_pb2, dra_v1_pb2_grpc),
@@ -85,6 +123,224 @@ def pod_status(pod: Mapping[str, Any], *, started: bool, now: str, node_ip: str 
         status["hostIP"] = node_ip
         status["hostIPs"] = [{"ip": node_ip}]
     return status
+
+
+def kubelet_git_version(kubelet_version: str) -> str:
+    """``nodeInfo.kubeletVersion`` of a simulated kubelet of ``kubelet_version``: ``"1.35"`` ->
+    ``"v1.35.0-fractional-simulator"`` (a real kubelet's shape, marked as this double's the way the
+    emulator marks its own ``gitVersion``)."""
+    return f"v1.{_minor(kubelet_version)}.0-fractional-simulator"
+
+
+@dataclass(frozen=True, slots=True)
+class HostFacts:
+    """What a kubelet reads from its machine for ``nodeInfo``."""
+
+    kernel_version: str
+    os_image: str
+    operating_system: str  # GOOS: linux
+    architecture: str  # GOARCH: amd64, arm64
+
+
+def read_host_facts() -> HostFacts:
+    """This machine's kernel, OS image (``PRETTY_NAME`` of os-release), OS and architecture."""
+    try:
+        os_image = platform.freedesktop_os_release().get("PRETTY_NAME") or "unknown"
+    except OSError:
+        os_image = "unknown"
+    machine = platform.machine().lower()
+    return HostFacts(
+        kernel_version=platform.release(),
+        os_image=os_image,
+        operating_system=platform.system().lower(),
+        architecture=_GOARCH.get(machine, machine),
+    )
+
+
+def build_node_status(
+    node: Mapping[str, Any],
+    *,
+    kubelet_version: str,
+    facts: HostFacts,
+    boot_id: str,
+    node_ip: str,
+    now: str,
+) -> dict[str, Any]:
+    """The status a kubelet posts for ``node``: its capacity and allocatable as they are, the four
+    conditions (heartbeat ``now``; a transition time kept while a condition's status is unchanged),
+    ``InternalIP`` and ``Hostname`` addresses and ``nodeInfo``. The machine and system IDs follow
+    from the node's name, so a restarted simulator keeps them; ``boot_id`` is new per start."""
+    status = dict(node.get("status") or {})
+    before = {condition.get("type"): condition for condition in status.get("conditions") or ()}
+    conditions = []
+    for kind, value, reason, message in _NODE_CONDITIONS:
+        previous = before.get(kind) or {}
+        since = previous.get("lastTransitionTime") if previous.get("status") == value else None
+        conditions.append(
+            {
+                "type": kind,
+                "status": value,
+                "lastHeartbeatTime": now,
+                "lastTransitionTime": since or now,
+                "reason": reason,
+                "message": message,
+            }
+        )
+    name = node["metadata"]["name"]
+    identity = uuid.uuid5(uuid.NAMESPACE_DNS, f"{name}.nodes.fractional.dev")
+    status["conditions"] = conditions
+    status["addresses"] = [{"type": "InternalIP", "address": node_ip}, {"type": "Hostname", "address": name}]
+    status["nodeInfo"] = {
+        "machineID": identity.hex,
+        "systemUUID": str(identity),
+        "bootID": boot_id,
+        "kernelVersion": facts.kernel_version,
+        "osImage": facts.os_image,
+        "containerRuntimeVersion": "simulated://none",  # no runtime: the demo's binder stands in
+        "kubeletVersion": kubelet_git_version(kubelet_version),
+        "kubeProxyVersion": "",  # not reported since 1.31 (DisableNodeKubeProxyVersion)
+        "operatingSystem": facts.operating_system,
+        "architecture": facts.architecture,
+    }
+    return status
+
+
+def build_node_lease(
+    node: Mapping[str, Any], *, renew_time: str, previous: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The Node's Lease in ``kube-node-lease`` (the kubelet's heartbeat since 1.17), renewed at
+    ``renew_time`` (a MicroTime); owned by the Node, as the kubelet makes it."""
+    name = node["metadata"]["name"]
+    lease: dict[str, Any] = dict(previous) if previous else {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {
+            "name": name,
+            "namespace": NODE_LEASE_NAMESPACE,
+            "ownerReferences": [
+                {"apiVersion": "v1", "kind": "Node", "name": name, "uid": node["metadata"]["uid"]}
+            ],
+        },
+    }  # fmt: skip
+    lease["spec"] = {
+        **(lease.get("spec") or {}),
+        "holderIdentity": name,
+        "leaseDurationSeconds": NODE_LEASE_DURATION_SECONDS,
+        "renewTime": renew_time,
+    }
+    return lease
+
+
+def _utc_now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+class NodeStatusReporter:
+    """One simulated kubelet's heartbeat: ``start()`` posts the Node's status and renews its Lease
+    once (the node is Ready when it returns), then again every ``heartbeat_seconds`` on a named
+    thread until ``stop()``. A failed round is logged and retried at the next beat."""
+
+    def __init__(
+        self,
+        configuration: client.Configuration,
+        node_name: str,
+        *,
+        kubelet_version: str = "1.35",
+        node_ip: str = "127.0.0.1",
+        heartbeat_seconds: float = HEARTBEAT_SECONDS,
+        clock: Callable[[], datetime.datetime] = _utc_now,
+        facts: HostFacts | None = None,
+    ) -> None:
+        _minor(kubelet_version)
+        self.node_name = node_name
+        self._configuration = configuration
+        self._kubelet_version = kubelet_version
+        self._node_ip = node_ip
+        self._heartbeat_seconds = heartbeat_seconds
+        self._clock = clock
+        self._facts = facts or read_host_facts()
+        self._boot_id = str(uuid.uuid4())
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        api_client = new_api_client(self._configuration)
+        try:
+            self.report_once(api_client)
+        except BaseException:
+            api_client.close()  # type: ignore[no-untyped-call]  # the client ships no hints
+            raise
+        # the first round ran here; the thread owns the client from now on
+        self._thread = threading.Thread(
+            target=self._run, args=(api_client,), name=f"kubelet-status-{self.node_name}", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(REQUEST_TIMEOUT_SECONDS)
+            self._thread = None
+
+    def report_once(self, api_client: client.ApiClient) -> None:
+        core = client.CoreV1Api(api_client)
+        now = self._clock()
+        with api_errors(f"get Node {self.node_name}"):
+            node = as_dict(core.read_node(self.node_name, _request_timeout=REQUEST_TIMEOUT_SECONDS))
+        status = build_node_status(
+            node,
+            kubelet_version=self._kubelet_version,
+            facts=self._facts,
+            boot_id=self._boot_id,
+            node_ip=self._node_ip,
+            now=now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        )
+        with api_errors(f"update status of Node {self.node_name}"):
+            core.replace_node_status(
+                self.node_name,
+                cast(Any, {**node, "status": status}),
+                _request_timeout=REQUEST_TIMEOUT_SECONDS,
+            )
+        self._renew_lease(client.CoordinationV1Api(api_client), node, now.strftime("%Y-%m-%dT%H:%M:%S.%fZ"))
+
+    def _renew_lease(
+        self, coordination: client.CoordinationV1Api, node: dict[str, Any], renew_time: str
+    ) -> None:
+        what = f"Lease {NODE_LEASE_NAMESPACE}/{self.node_name}"
+        try:
+            with api_errors(f"get {what}"):
+                previous = as_dict(
+                    coordination.read_namespaced_lease(
+                        self.node_name, NODE_LEASE_NAMESPACE, _request_timeout=REQUEST_TIMEOUT_SECONDS
+                    )
+                )
+        except NotFoundError:
+            with api_errors(f"create {what}"):
+                coordination.create_namespaced_lease(
+                    NODE_LEASE_NAMESPACE,
+                    cast(Any, build_node_lease(node, renew_time=renew_time)),
+                    _request_timeout=REQUEST_TIMEOUT_SECONDS,
+                )
+            return
+        with api_errors(f"renew {what}"):
+            coordination.replace_namespaced_lease(
+                self.node_name,
+                NODE_LEASE_NAMESPACE,
+                cast(Any, build_node_lease(node, renew_time=renew_time, previous=previous)),
+                _request_timeout=REQUEST_TIMEOUT_SECONDS,
+            )
+
+    def _run(self, api_client: client.ApiClient) -> None:
+        try:
+            while not self._stop.wait(self._heartbeat_seconds):
+                try:
+                    self.report_once(api_client)
+                except (TransientError, NotFoundError) as error:  # a conflict, the API away, the Node deleted
+                    log.warning(
+                        "node status not posted", extra={"node": self.node_name, "reason": str(error)}
+                    )
+        finally:
+            api_client.close()  # type: ignore[no-untyped-call]  # the client ships no hints
 
 
 class RegistrationRefused(FractionalError):

@@ -5,11 +5,19 @@ for it; the kubelet then calls the node agent's NodePrepareResources over its so
 pod is deleted, the kubelet calls NodeUnprepareResources and the resourceclaim controller drops
 the reservation. The demo has no kube-scheduler and no kubelet, so this thread does those steps
 against the embedded API and the per-node kubelet simulators (real gRPC over unix sockets).
+
+A pod whose claims cannot be allocated, or are bad (an unknown class, a CEL error, a claim that
+does not exist), gets what kube-scheduler gives it: a ``FailedScheduling`` Warning Event from
+``default-scheduler`` and the condition ``PodScheduled=False`` (reason ``Unschedulable``), with the
+message in kube-scheduler's shape (``render_unschedulable_message``); said once per message, not on
+every round, and again only when the reason changes.
 """
 
 from __future__ import annotations
 
+import datetime
 import logging
+import socket
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
@@ -22,11 +30,68 @@ from driver.cluster.kubelet import pod_status
 from driver.errors import ConflictError, NotFoundError
 from driver.kube import REQUEST_TIMEOUT_SECONDS, api_errors, as_dict, new_api_client
 
-__all__ = ["BoundPod", "PodBinder", "container_cdi_devices"]
+__all__ = [
+    "CANNOT_ALLOCATE",
+    "BoundPod",
+    "PodBinder",
+    "build_failed_scheduling_event",
+    "container_cdi_devices",
+    "render_unschedulable_message",
+]
 
 log = logging.getLogger(__name__)
 
 CDI_ANNOTATION = "fractional.dev/demo-cdi-devices"
+SCHEDULER_NAME = "default-scheduler"
+# What kube-scheduler's DynamicResources plugin says of each node where the pod's claims do not fit.
+CANNOT_ALLOCATE = "cannot allocate all claims"
+
+
+def render_unschedulable_message(reason: str, *, node_count: int, per_node: bool) -> str:
+    """kube-scheduler's FitError text (``pkg/scheduler/framework/types.go``) for a pod the
+    DynamicResources plugin turns away as UnschedulableAndUnresolvable, so that preemption does not
+    help either. ``per_node``: ``reason`` is each node's Filter verdict, counted (``2 cannot
+    allocate all claims``); otherwise it is PreFilter's, said once for the pod (a bad claim). E.g.
+    ``0/2 nodes are available: 2 cannot allocate all claims. preemption: 0/2 nodes are available:
+    2 Preemption is not helpful for scheduling.``"""
+    available = f"0/{node_count} nodes are available"
+    verdict = f"{node_count} {reason}" if per_node else reason
+    return (
+        f"{available}: {verdict}. preemption: {available}: "
+        f"{node_count} Preemption is not helpful for scheduling."
+    )
+
+
+def build_failed_scheduling_event(
+    pod: dict[str, Any], message: str, *, now: datetime.datetime, reporting_instance: str
+) -> dict[str, Any]:
+    """The events.k8s.io/v1 Event kube-scheduler records for a pod it could not schedule
+    (``reportingController`` default-scheduler, action Scheduling, reason FailedScheduling)."""
+    metadata = pod["metadata"]
+    return {
+        "apiVersion": "events.k8s.io/v1",
+        "kind": "Event",
+        "metadata": {
+            # the recorder's name: the object's, then the time in hex nanoseconds
+            "name": f"{metadata['name']}.{int(now.timestamp() * 1e9):x}",
+            "namespace": metadata["namespace"],
+        },
+        "eventTime": now.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        "reportingController": SCHEDULER_NAME,
+        "reportingInstance": reporting_instance,
+        "action": "Scheduling",
+        "reason": "FailedScheduling",
+        "regarding": {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "namespace": metadata["namespace"],
+            "name": metadata["name"],
+            "uid": metadata["uid"],
+            "resourceVersion": metadata.get("resourceVersion", ""),
+        },
+        "note": message[:1024],
+        "type": "Warning",
+    }
 
 
 class Kubelet(Protocol):
@@ -83,6 +148,9 @@ class PodBinder:
         self._lock = threading.Lock()
         self._bound: dict[str, BoundPod] = {}
         self._thread: threading.Thread | None = None
+        # pod UID -> the FailedScheduling message last said (used by the one thread that syncs)
+        self._unschedulable: dict[str, str] = {}
+        self._reporting_instance = f"{SCHEDULER_NAME}-{socket.gethostname()}"[:128]
 
     def bound(self) -> dict[str, BoundPod]:
         with self._lock:
@@ -116,6 +184,7 @@ class PodBinder:
         with api_errors("list pods"):
             pods = core.list_pod_for_all_namespaces(_request_timeout=REQUEST_TIMEOUT_SECONDS)
         present: dict[str, dict[str, Any]] = {}
+        node_count = 0
         for pod in (as_dict(item) for item in pods.items):
             present[self._key(pod["metadata"]["namespace"], pod["metadata"]["name"])] = pod
             spec = pod.get("spec") or {}
@@ -125,8 +194,18 @@ class PodBinder:
                 or pod["metadata"].get("deletionTimestamp")
             ):
                 continue
-            self._schedule(resource, pod)
+            if not node_count:
+                with api_errors("list nodes"):
+                    node_count = len(core.list_node(_request_timeout=REQUEST_TIMEOUT_SECONDS).items)
+            unschedulable = self._schedule(resource, pod, node_count)
+            if unschedulable is not None:
+                self._report_unschedulable(core, pod, unschedulable)
+                continue
+            self._unschedulable.pop(pod["metadata"]["uid"], None)
             self._bind(core, resource, pod)
+        uids = {pod["metadata"]["uid"] for pod in present.values()}
+        for uid in [uid for uid in self._unschedulable if uid not in uids]:
+            del self._unschedulable[uid]
         with self._lock:
             gone = [
                 b
@@ -136,9 +215,10 @@ class PodBinder:
         for bound in gone:
             self._release(resource, bound)
 
-    def _schedule(self, resource: client.ResourceV1Api, pod: dict[str, Any]) -> None:
+    def _schedule(self, resource: client.ResourceV1Api, pod: dict[str, Any], node_count: int) -> str | None:
         """kube-scheduler's DRA plugin, for an ungated pod outside our controller's gangs: allocate its
-        claims together on one node with the structured allocator, as the scheduler would."""
+        claims together on one node with the structured allocator, as the scheduler would. The
+        FailedScheduling message when they cannot be, else None (allocated, or nothing to do yet)."""
         namespace = pod["metadata"]["namespace"]
         generated = {
             entry.get("name"): entry.get("resourceClaimName")
@@ -149,7 +229,7 @@ class PodBinder:
             for ref in (pod.get("spec") or {}).get("resourceClaims") or []
         ]
         if not names or not all(names):
-            return
+            return None
         claims = []
         for name in names:
             try:
@@ -162,10 +242,12 @@ class PodBinder:
                         )
                     )
             except NotFoundError:
-                return  # not created yet
+                # the lister's answer in PreFilter; the claim may still be on its way
+                problem = f'resourceclaim.resource.k8s.io "{name}" not found'
+                return render_unschedulable_message(problem, node_count=node_count, per_node=False)
         pending = [c for c in claims if not (c.get("status") or {}).get("allocation")]
         if not pending:
-            return
+            return None
         with api_errors("list ResourceClaims"):
             every_claim = [
                 as_dict(c)
@@ -190,11 +272,10 @@ class PodBinder:
                 allocated=allocated,
                 pod_groups=[list(range(len(pending)))],
             )
-        except AllocationError:
-            log.info("pod unschedulable", extra={"pod": f"{namespace}/{pod['metadata']['name']}"})
-            return
-        if allocations is None:
-            return  # the real scheduler retries as the cluster changes; so does this loop
+        except AllocationError as error:  # a bad claim: what upstream's allocator treats as fatal
+            return render_unschedulable_message(str(error), node_count=node_count, per_node=False)
+        if allocations is None:  # the real scheduler retries as the cluster changes; so does this loop
+            return render_unschedulable_message(CANNOT_ALLOCATE, node_count=node_count, per_node=True)
         for claim, allocation in zip(pending, allocations, strict=True):
             # kube-scheduler stamps the allocations it makes (DRADeviceBindingConditions, 1.37)
             allocation = {**allocation, "allocationTimestamp": new_timestamp()}
@@ -206,6 +287,40 @@ class PodBinder:
                     cast(Any, claim),
                     _request_timeout=REQUEST_TIMEOUT_SECONDS,
                 )
+        return None
+
+    def _report_unschedulable(self, core: client.CoreV1Api, pod: dict[str, Any], message: str) -> None:
+        """What kube-scheduler's failure handler does: ``PodScheduled=False`` (Unschedulable) on the
+        pod and a FailedScheduling Event; only when ``message`` is new for this pod."""
+        metadata = pod["metadata"]
+        namespace, name, uid = metadata["namespace"], metadata["name"], metadata["uid"]
+        if self._unschedulable.get(uid) == message:
+            return
+        now = datetime.datetime.now(datetime.UTC)
+        condition = {
+            "type": "PodScheduled",
+            "status": "False",
+            "reason": "Unschedulable",
+            "message": message,
+            "lastProbeTime": None,
+            "lastTransitionTime": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        }
+        with api_errors(f"update status of Pod {namespace}/{name}"):
+            core.patch_namespaced_pod_status(
+                name,
+                namespace,
+                {"status": {"conditions": [condition]}},
+                _request_timeout=REQUEST_TIMEOUT_SECONDS,
+            )
+        event = build_failed_scheduling_event(
+            pod, message, now=now, reporting_instance=self._reporting_instance
+        )
+        with api_errors(f"create Event for Pod {namespace}/{name}"):
+            client.EventsV1Api(core.api_client).create_namespaced_event(
+                namespace, cast(Any, event), _request_timeout=REQUEST_TIMEOUT_SECONDS
+            )
+        self._unschedulable[uid] = message
+        log.info("pod unschedulable", extra={"pod": f"{namespace}/{name}", "reason": message})
 
     def _bind(self, core: client.CoreV1Api, resource: client.ResourceV1Api, pod: dict[str, Any]) -> None:
         metadata = pod["metadata"]

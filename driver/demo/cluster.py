@@ -1,5 +1,6 @@
 """A fake cluster on one machine: the embedded API, one node agent process and one kubelet
-simulator per node (real gRPC over unix sockets), and the allocation controller process.
+simulator per node (real gRPC over unix sockets, and the kubelet's Node status and Lease
+heartbeat), and the allocation controller process.
 
 Everything lives under one runtime directory that is removed on close, and every child process
 is stopped on close (also after Ctrl-C), so nothing is left behind.
@@ -32,6 +33,7 @@ __all__ = ["DemoNode", "FakeCluster"]
 log = logging.getLogger(__name__)
 
 STARTUP_TIMEOUT_SECONDS = 30.0
+KUBELET_VERSION = "1.35"  # the simulated kubelets' release (a supported skew from the 1.37 API)
 
 
 @dataclass
@@ -43,6 +45,7 @@ class DemoNode:
     process: subprocess.Popen[bytes] | None = None
     log_file: IO[bytes] | None = None
     kubelet: Any = None
+    status_reporter: Any = None  # the kubelet's Node status and Lease heartbeat
     metrics_port: int = 0  # the agent's /metrics on 127.0.0.1
 
     @property
@@ -163,7 +166,9 @@ class FakeCluster:
             self.nodes.append(node)
 
     def register_kubelets(self) -> None:
-        from driver.cluster.kubelet import KubeletSimulator
+        """Each node's kubelet: registers its node agent's plugin, then posts its Node's status
+        (Ready, nodeInfo) and renews its Lease from then on."""
+        from driver.cluster.kubelet import KubeletSimulator, NodeStatusReporter
 
         deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS
         for node in self.nodes:
@@ -178,8 +183,12 @@ class FakeCluster:
                         f"node agent for {node.name} did not create its registration socket"
                     )
                 time.sleep(0.05)
-            node.kubelet = KubeletSimulator(str(node.registry_dir), kubelet_version="1.35")
+            node.kubelet = KubeletSimulator(str(node.registry_dir), kubelet_version=KUBELET_VERSION)
             node.kubelet.register()
+            node.status_reporter = NodeStatusReporter(
+                self.api_server.configuration(), node.name, kubelet_version=KUBELET_VERSION
+            )
+            node.status_reporter.start()
 
     def start_controller(self) -> None:
         assert self.kubeconfig is not None
@@ -223,6 +232,8 @@ class FakeCluster:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait(timeout=5)
         for node in self.nodes:
+            if node.status_reporter is not None:
+                node.status_reporter.stop()
             if node.kubelet is not None:
                 node.kubelet.close()
             if node.log_file:
