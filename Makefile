@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # The image `make image` builds (podman stores it as localhost/$(IMAGE)); the chart and kind use it.
 IMAGE ?= fractional-dra:dev
 
-.PHONY: demo test lint bench proto image image-test cluster-up cluster-down e2e kind-up kind-e2e kind-down clean
+.PHONY: demo test lint actionlint bench proto image image-test cluster-up cluster-down e2e kind-up kind-e2e kind-down clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,6 +25,12 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check driver tests bench hack
 	$(VENV)/bin/ruff format --check driver tests bench hack
 	$(VENV)/bin/mypy driver
+
+# actionlint for tests/test_release.py where its wheel (the `workflows` extra) cannot be installed:
+# upstream's binary built from its Go module into ~/.cache/fractional-dra/bin (needs Go).
+ACTIONLINT_VERSION ?= v1.7.12
+actionlint:
+	GOBIN=$(HOME)/.cache/fractional-dra/bin go install github.com/rhysd/actionlint/cmd/actionlint@$(ACTIONLINT_VERSION)
 
 bench: $(STAMP)
 	$(PY) bench/run_all.py

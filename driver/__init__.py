@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+from importlib.metadata import PackageNotFoundError, version
+
 DRIVER_NAME = "fractional.dev"
 """The DRA driver name (docs/architecture.md: Names)."""
 
 __all__ = ["DRIVER_NAME"]
-__version__ = "0.1.0"
+try:
+    __version__ = version("fractional-dra")  # pyproject.toml's, the one place it is written
+except PackageNotFoundError:  # a source tree that was never installed
+    __version__ = "0+unknown"
