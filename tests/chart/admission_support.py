@@ -16,6 +16,11 @@ policy plugin (k8s.io/apiserver/pkg/admission/plugin/policy/validating):
    keep errors apart from false validations so that a test of a forbidden request can tell a
    policy that denies it from one that merely fails to evaluate.
 
+What is not modelled: kube-apiserver answers a denial with 422 Invalid (a validation without
+``reason``) and reports only the first false validation; and it runs its own validation and the
+granular status authorization before admission, so some forbidden requests never reach a policy.
+tests/e2e/test_policies_real.py replays every case on the real server and records those.
+
 Inputs are built as kube-apiserver builds them: ``object`` and ``oldObject`` are the objects as
 stored (for a patch, ``object`` is the patched object) and ``request`` is the AdmissionRequest
 converted to a map with empty fields left out (JSON ``omitempty``: no ``subResource`` on a main
@@ -97,6 +102,8 @@ _KINDS = {
     ("resource.k8s.io", "resourceslices"): ("resource.k8s.io", "v1", "ResourceSlice"),
 }
 
+_SUBRESOURCE_KINDS = {("", "pods", "eviction"): ("policy", "v1", "Eviction")}
+
 
 def admission_request(
     *,
@@ -109,7 +116,10 @@ def admission_request(
 ) -> Obj:
     """An AdmissionRequest as the policy plugin sees it: a map, empty fields left out. ``meta`` is
     the metadata of the object (name, namespace)."""
-    kind_group, version, kind = _KINDS[(group, resource)]
+    # A subresource whose body is a kind of its own (pods/eviction takes a policy/v1 Eviction).
+    kind_group, version, kind = (
+        _SUBRESOURCE_KINDS.get((group, resource, subresource)) or _KINDS[(group, resource)]
+    )
     request: Obj = {
         "uid": str(uuid.uuid4()),
         "kind": {"group": kind_group, "version": version, "kind": kind},
@@ -128,6 +138,8 @@ def admission_request(
         request["namespace"] = meta["namespace"]
     if operation == "UPDATE":
         request["options"] = {"kind": "UpdateOptions", "apiVersion": "meta.k8s.io/v1"}
+    elif operation == "CREATE":
+        request["options"] = {"kind": "CreateOptions", "apiVersion": "meta.k8s.io/v1"}
     return request
 
 

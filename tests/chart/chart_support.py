@@ -23,6 +23,7 @@ import yaml
 __all__ = [
     "CHART_DIR",
     "EXAMPLES_DIR",
+    "FROM_RELEASE",
     "KUBE_VERSIONS",
     "NAMESPACE",
     "RELEASE",
@@ -31,7 +32,9 @@ __all__ = [
     "SchemaMissing",
     "load_manifest_file",
     "object_id",
+    "release",
     "render_chart",
+    "rendered_for",
     "validate_strict",
 ]
 
@@ -41,6 +44,13 @@ EXAMPLES_DIR = REPO_ROOT / "examples"
 RELEASE = "fractional-dra"
 NAMESPACE = "fractional-system"
 KUBE_VERSIONS = ("1.34", "1.35", "1.37")
+
+# (apiVersion, kind) the chart renders only from this release on (its templates choose by the
+# cluster's version); Helm renders offline as for a newer release, so the tests check them there.
+FROM_RELEASE = {
+    ("admissionregistration.k8s.io/v1", "MutatingAdmissionPolicy"): "1.36",
+    ("admissionregistration.k8s.io/v1", "MutatingAdmissionPolicyBinding"): "1.36",
+}
 
 # Values sets every rendering test runs: the defaults (real GPUs), then charts/fractional-dra/ci/.
 VALUES_FILES: dict[str, Path | None] = {"default": None} | {
@@ -52,6 +62,16 @@ _SCHEMA_ROOT = Path(kubernetes_validate.__file__).resolve().parent / "kubernetes
 
 class SchemaMissing(LookupError):
     """kubernetes-validate ships no schema for this kind in this version (e.g. CRD kinds)."""
+
+
+def release(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split("."))
+
+
+def rendered_for(obj: dict[str, Any], version: str) -> bool:
+    """Whether the chart installs ``obj`` on a cluster of ``version`` (FROM_RELEASE)."""
+    since = FROM_RELEASE.get((obj.get("apiVersion", ""), obj.get("kind", "")))
+    return since is None or release(version) >= release(since)
 
 
 def load_values(name: str) -> dict[str, Any] | None:

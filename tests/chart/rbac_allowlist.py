@@ -110,6 +110,17 @@ GRANTS: tuple[Grant, ...] = (
         "sees reads (docs/install.md, Admission policies)",
         (*_PUBLISHER, "driver/plugin/agent.py"),
     ),
+    Grant(
+        "agent",
+        "cluster",
+        "",
+        "events",
+        ("create",),
+        "one Event on the agent's Node (namespace default, as the kubelet's) when its GPUs are also handed "
+        "out by NVIDIA's device plugin or another DRA driver, and one when that clears "
+        "(driver/plugin/coexistence.py)",
+        ("driver/plugin/coexistence.py",),
+    ),
     # -- controller ---------------------------------------------------------------------------
     Grant(
         "controller",
@@ -178,7 +189,8 @@ GRANTS: tuple[Grant, ...] = (
         ("create",),
         "priority preemption evicts the chosen lower-priority pods through the Eviction API, so the "
         "server enforces their PodDisruptionBudgets; a dry run first "
-        "(driver/controller/preemption/preemptor.py)",
+        "(driver/controller/preemption/preemptor.py); the controller-evictions policy keeps it out "
+        "of the system namespaces and to the victim's UID",
         CONTROLLER_CODE,
     ),
     Grant(
@@ -216,9 +228,10 @@ GRANTS: tuple[Grant, ...] = (
         "cluster",
         "",
         "events",
-        ("create",),
-        "one GangUnschedulable Event per gang that does not fit, again only when its message "
-        "changes (driver/controller/writes/events.py)",
+        ("create", "patch"),
+        "GangUnschedulable/AllocationFailed/ObjectRejected/DeviceOvercommitted Events as client-go "
+        "series: a repeat patches count and lastTimestamp of the same Event "
+        "(driver/controller/writes/events.py)",
         CONTROLLER_CODE,
     ),
     Grant(

@@ -100,10 +100,13 @@ def test_renders_every_component(values_name: str) -> None:
         "Role": 1,
         "RoleBinding": 1,
         "DeviceClass": 2,
-        # The agent's ResourceSlices, the controller's pods, pods' status (preemption) and claims
-        # (the agent's claim-status policy only before 1.36; Helm renders offline for 1.36).
-        "ValidatingAdmissionPolicy": 4,
-        "ValidatingAdmissionPolicyBinding": 4,
+        # The agent's ResourceSlices, the controller's pods, pods' status (preemption), evictions and
+        # claims (the agent's claim-status policy only before 1.36; Helm renders offline for 1.36).
+        "ValidatingAdmissionPolicy": 5,
+        "ValidatingAdmissionPolicyBinding": 5,
+        # The scheduling gate added to pods with claims (autoGate).
+        "MutatingAdmissionPolicy": 1,
+        "MutatingAdmissionPolicyBinding": 1,
         "PodDisruptionBudget": 1,
     }.items():
         assert kinds.count(kind) == count, f"{values_name}: {kind} x{kinds.count(kind)}"
@@ -119,6 +122,8 @@ _CLUSTER_SCOPED = {
     "DeviceClass",
     "ValidatingAdmissionPolicy",
     "ValidatingAdmissionPolicyBinding",
+    "MutatingAdmissionPolicy",
+    "MutatingAdmissionPolicyBinding",
 }
 
 
@@ -295,6 +300,36 @@ def test_real_mode_defaults_to_gpu_nodes_and_the_driver_root(default: list[dict[
     assert host_paths(pod, init)["/"] == ("/driver-root", True)
 
 
+def test_gpus_claimed_elsewhere_are_withheld_unless_turned_off(default: list[dict[str, Any]]) -> None:
+    """Coexistence with NVIDIA's device plugin and DRA driver: the agent withholds by default (no
+    variable), ``agent.coexistence.withholdClaimedGPUs=false`` turns it off; either way it may write
+    its Warning Event on the Node."""
+    assert "FRACTIONAL_WITHHOLD_CLAIMED_GPUS" not in env_of(container(agent_pod(default), "agent"))
+    off = render_chart({"agent": {"coexistence": {"withholdClaimedGPUs": False}}})
+    assert env_of(container(agent_pod(off), "agent"))["FRACTIONAL_WITHHOLD_CLAIMED_GPUS"] == "false"
+    rules = one(default, "ClusterRole", "-agent")["rules"]
+    assert {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]} in rules
+
+
+def test_claims_choosing_their_backend_is_one_setting_for_agent_and_controller(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``sharing.allowClaimBackendOverride`` reaches both: the agent refuses at prepare and the
+    controller never allocates a claim that names its own backend when it is false."""
+    downward = {"spec.nodeName": "node-a", "metadata.namespace": NAMESPACE, "metadata.name": "c-0",
+                "metadata.uid": "uid-0"}  # fmt: skip
+    for value in (True, False):
+        values = {"fakeDevices": {"enabled": True}, "sharing": {"allowClaimBackendOverride": value}}
+        objects = render_chart(values)
+        agent = parse_cli_env(monkeypatch, "plugin", env_of(container(agent_pod(objects), "agent")), downward)
+        controller_pod = one(objects, "Deployment", "-controller")["spec"]["template"]["spec"]
+        controller = parse_cli_env(
+            monkeypatch, "controller", env_of(container(controller_pod, "controller")), downward
+        )
+        assert build_plugin_config(agent).allow_claim_backend_override is value
+        assert build_controller_config(controller).allow_claim_backend_override is value
+
+
 def test_runtime_class_mode_is_unprivileged() -> None:
     objects = render_chart(load_values("sharing-none-values"))
     pod = agent_pod(objects)
@@ -433,15 +468,25 @@ def test_admission_policy_pins_the_agent_to_its_node(default: list[dict[str, Any
     assert f'"system:serviceaccount:{NAMESPACE}:{account}"' in condition["expression"]
     assert "authentication.kubernetes.io/node-name" in spec["variables"][0]["expression"]
 
-    # The validations, evaluated for (node of the agent, node of the slice).
-    def allowed(user_node: str, object_node: str) -> bool:
-        context = {"variables": {"userNodeName": user_node, "objectNodeName": object_node}}
+    # The validations, evaluated for (node of the agent, node of the slice, its driver, its pool);
+    # tests/chart/test_policies.py evaluates the whole policy on requests.
+    def allowed(user_node: str, object_node: str, driver: str = "fractional.dev", pool: str = "") -> bool:
+        variables = {
+            "userNodeName": user_node,
+            "objectNodeName": object_node,
+            "driver": "fractional.dev",
+            "objectDrivers": [driver],
+            "objectPools": [pool or object_node],
+        }
+        context = {"variables": variables}
         return all(cel.evaluate(v["expression"], copy.deepcopy(context)) for v in spec["validations"])
 
     assert allowed("node-a", "node-a")
     assert not allowed("node-a", "node-b")
     assert not allowed("node-a", "")
     assert not allowed("", "")
+    assert not allowed("node-a", "node-a", driver="gpu.nvidia.com")
+    assert not allowed("node-a", "node-a", pool="node-b")
 
 
 def test_notes_name_the_mode() -> None:
@@ -459,3 +504,30 @@ def test_chart_device_classes_select_what_the_code_assumes() -> None:
     for expected in build_device_classes():
         name = expected["metadata"]["name"]
         assert rendered[name]["spec"]["selectors"] == expected["spec"]["selectors"], name
+
+
+def _pod_images(objects: list[dict[str, Any]]) -> set[str]:
+    return {
+        container["image"]
+        for o in objects
+        if o["kind"] in ("DaemonSet", "Deployment")
+        for container in [
+            *o["spec"]["template"]["spec"].get("initContainers", []),
+            *o["spec"]["template"]["spec"]["containers"],
+        ]
+    }
+
+
+def test_default_image_is_what_make_image_builds() -> None:
+    """No release image is published yet: by default the chart runs `make image`'s (the Makefile's
+    IMAGE); a release's chart empties the tag, which then is the appVersion."""
+    make_image = next(
+        line.split("?=", 1)[1].strip()
+        for line in (REPO_ROOT / "Makefile").read_text(encoding="utf-8").splitlines()
+        if line.startswith("IMAGE ?=")
+    )
+    assert make_image == "fractional-dra:dev"
+    assert _pod_images(render_chart(None)) == {make_image}
+    app_version = yaml.safe_load((CHART_DIR / "Chart.yaml").read_text(encoding="utf-8"))["appVersion"]
+    released = render_chart({"image": {"repository": "ghcr.io/example/fractional-dra", "tag": ""}})
+    assert _pod_images(released) == {f"ghcr.io/example/fractional-dra:{app_version}"}

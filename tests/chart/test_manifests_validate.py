@@ -12,18 +12,23 @@ from typing import Any
 import pytest
 from chart_support import (
     EXAMPLES_DIR,
+    FROM_RELEASE,
     KUBE_VERSIONS,
     VALUES_FILES,
     SchemaMissing,
     load_manifest_file,
     load_values,
     object_id,
+    release,
     render_chart,
+    rendered_for,
     validate_strict,
 )
 
 # (apiVersion, kind) that kubernetes-validate has no schema for, and why that is expected.
 NO_SCHEMA = {("monitoring.coreos.com/v1", "ServiceMonitor"): "CRD of the prometheus-operator"}
+
+BEFORE_RELEASE_VALUES = {"autoGate": {"apiVersion": "admissionregistration.k8s.io/v1beta1"}}
 
 EXAMPLE_FILES = sorted(EXAMPLES_DIR.glob("*.yaml"))
 
@@ -31,6 +36,8 @@ EXAMPLE_FILES = sorted(EXAMPLES_DIR.glob("*.yaml"))
 def _check(objects: list[dict[str, Any]], version: str) -> None:
     for obj in objects:
         key = (obj["apiVersion"], obj["kind"])
+        if not rendered_for(obj, version):
+            pytest.skip(f"{object_id(obj)}: rendered from {FROM_RELEASE[key]} on (test_before_release_...)")
         if key in NO_SCHEMA:
             with pytest.raises(SchemaMissing):  # the day a schema appears, validate it
                 validate_strict(obj, version)
@@ -50,6 +57,18 @@ def _rendered_cases() -> list[Any]:
 @pytest.mark.parametrize(("obj", "version"), _rendered_cases())
 def test_rendered_object_validates(obj: dict[str, Any], version: str) -> None:
     _check([obj], version)
+
+
+@pytest.mark.parametrize("version", [v for v in KUBE_VERSIONS if release(v) < release("1.36")])
+def test_before_release_objects_validate(version: str) -> None:
+    """What older releases get instead of FROM_RELEASE's kinds validates there."""
+    objects = [
+        obj
+        for obj in render_chart(BEFORE_RELEASE_VALUES)
+        if (obj["apiVersion"].replace("v1beta1", "v1"), obj["kind"]) in FROM_RELEASE
+    ]
+    assert objects and all(obj["apiVersion"].endswith("/v1beta1") for obj in objects)
+    _check(objects, version)
 
 
 def test_examples_exist() -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -75,6 +76,7 @@ def test_which_policies_render_for_which_version() -> None:
     assert sorted(name.removeprefix(f"{RELEASE}-") for name in default) == [
         "agent-resourceslices",
         "controller-claims",
+        "controller-evictions",
         "controller-pod-status",
         "controller-pods",
     ]
@@ -96,7 +98,7 @@ def test_every_policy_validates_strictly(rendered: dict[str, Obj], version: str)
     """Also the claim-status policy, which the default rendering (for 1.36) leaves out."""
     objects = render_chart({"admissionPolicy": {"agentClaimStatus": "policy"}})
     admission = [o for o in objects if o["kind"].startswith("ValidatingAdmissionPolicy")]
-    assert len(admission) == 2 * len(rendered) == 10
+    assert len(admission) == 2 * len(rendered) == 12
     for obj in admission:
         validate_strict(obj, version)
 
@@ -374,9 +376,11 @@ def _decide(
     source = obj if obj is not None else old
     assert source is not None
     group = source["apiVersion"].split("/")[0] if "/" in source["apiVersion"] else ""
-    resource = {"Pod": "pods", "ResourceClaim": "resourceclaims", "ResourceSlice": "resourceslices"}[
-        source["kind"]
-    ]
+    resource = {
+        "Pod": "pods",
+        "ResourceClaim": "resourceclaims",
+        "ResourceSlice": "resourceslices",
+    }[source["kind"]]
     request = admission_request(
         user=user,
         operation=operation,
@@ -776,6 +780,190 @@ def test_pod_status_policy_leaves_everyone_else_alone(
     assert not _status_decision(policy, kubelet, running_pod(), _phase).applies
 
 
+def disruption_target(reason: str, *, status: str = "True") -> Obj:
+    return {
+        "type": "DisruptionTarget",
+        "status": status,
+        "reason": reason,
+        "message": "Eviction API: evicting",
+        "lastTransitionTime": "2026-11-30T10:10:00Z",
+    }
+
+
+def disrupted_pod(reason: str) -> Obj:
+    """A running pod that already carries a DisruptionTarget condition (set for ``reason``)."""
+    pod = running_pod()
+    pod["status"]["conditions"].append(disruption_target(reason))
+    return pod
+
+
+def _drop_disruption_target(pod: Obj) -> None:
+    pod["status"]["conditions"] = [c for c in pod["status"]["conditions"] if c["type"] != "DisruptionTarget"]
+
+
+def _ours_again(pod: Obj) -> None:
+    from driver.controller.preemption.preemptor import build_disruption_condition
+
+    _status_patch({"conditions": [build_disruption_condition(gated_pod())]})(pod)
+
+
+def _reason_changed(pod: Obj) -> None:
+    for condition in pod["status"]["conditions"]:
+        if condition["type"] == "DisruptionTarget":
+            condition["reason"] = "DeletionByTaintManager"
+
+
+# name -> (the pod as stored, the change, allowed, a fragment of the denial)
+DISRUPTION_CASES: dict[str, tuple[Callable[[], Obj], Callable[[Obj], None], bool, str]] = {
+    "rewrite our own DisruptionTarget": (
+        lambda: disrupted_pod("PreemptionByScheduler"),
+        _ours_again,
+        True,
+        "",
+    ),
+    "rewrite the eviction API's DisruptionTarget as ours": (
+        lambda: disrupted_pod("EvictionByEvictionAPI"),
+        _ours_again,
+        False,
+        "rewrite a DisruptionTarget condition that it did not set",
+    ),
+    "remove the eviction API's DisruptionTarget": (
+        lambda: disrupted_pod("EvictionByEvictionAPI"),
+        _drop_disruption_target,
+        False,
+        "rewrite a DisruptionTarget condition that it did not set",  # also "may not remove"
+    ),
+    "remove our own DisruptionTarget": (
+        lambda: disrupted_pod("PreemptionByScheduler"),
+        _drop_disruption_target,
+        False,
+        "may not remove a DisruptionTarget",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DISRUPTION_CASES))
+def test_controller_disruption_target_of_others_stays(
+    rendered: dict[str, Obj], accounts: dict[str, str], case: str
+) -> None:
+    stored, change, allowed, fragment = DISRUPTION_CASES[case]
+    user = service_account_user(NAMESPACE, accounts["controller"])
+    decision = _status_decision(_policy(rendered, "-controller-pod-status"), user, stored(), change)
+    assert decision.applies and decision.errors == () and decision.allowed == allowed, decision
+    assert allowed or any(fragment in message for message in decision.denials), decision
+
+
+# -- controller: evictions (priority preemption) ------------------------------------------------------
+
+
+class _EvictionRecorder:
+    """Stands in for CoreV1Api under the preemptor's ``_evict``: records each Eviction body."""
+
+    def __init__(self) -> None:
+        self.bodies: list[Obj] = []
+
+    def create_namespaced_pod_eviction(self, name: str, namespace: str, body: Obj, **_: Any) -> None:
+        assert body["metadata"] == {"name": name, "namespace": namespace}
+        self.bodies.append(copy.deepcopy(body))
+
+
+def preemptor_evictions(pod: Obj) -> list[Obj]:
+    """The Eviction bodies the preemptor's own code sends for ``pod``: its dry run, then the eviction."""
+    from driver.controller.preemption.preemptor import Preemptor
+
+    core = _EvictionRecorder()
+    for dry_run in (True, False):
+        Preemptor._evict(SimpleNamespace(_check_fence=lambda: None), core, pod, dry_run=dry_run)  # type: ignore[arg-type]
+    return core.bodies
+
+
+def eviction(namespace: str, delete_options: Obj | None) -> Obj:
+    body: Obj = {
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": {"name": "train-0", "namespace": namespace},
+    }
+    if delete_options is not None:
+        body["deleteOptions"] = delete_options
+    return body
+
+
+UID = {"uid": "0b6f4a52-7c1e-4d55-9b8a-3f0f4f5b8e11"}
+
+# name -> (namespace, deleteOptions (None: none), allowed, a fragment of the denial)
+EVICTION_CASES: dict[str, tuple[str, Obj | None, bool, str]] = {
+    "the victim, by UID": ("team-a", {"preconditions": UID}, True, ""),
+    "the victim, by UID, dry run": ("team-a", {"preconditions": UID, "dryRun": ["All"]}, True, ""),
+    "a pod in kube-system": ("kube-system", {"preconditions": UID}, False, "namespace kube-system"),
+    "a pod in kube-node-lease": (
+        "kube-node-lease",
+        {"preconditions": UID},
+        False,
+        "namespace kube-node-lease",
+    ),
+    "without deleteOptions": ("team-a", None, False, "preconditions.uid"),
+    "without a UID precondition": ("team-a", {"dryRun": ["All"]}, False, "preconditions.uid"),
+    "with grace period 0": ("team-a", {"preconditions": UID, "gracePeriodSeconds": 0}, False, "grace period"),
+    "with a propagation policy": (
+        "team-a",
+        {"preconditions": UID, "propagationPolicy": "Orphan"},
+        False,
+        "grace period",
+    ),
+    "with a resourceVersion precondition": (
+        "team-a",
+        {"preconditions": {**UID, "resourceVersion": "4711"}},
+        False,
+        "grace period",
+    ),
+}
+
+
+def _eviction_decision(policy: Obj, user: Obj, body: Obj) -> Decision:
+    request = admission_request(
+        user=user,
+        operation="CREATE",
+        group="",
+        resource="pods",
+        subresource="eviction",
+        meta=body["metadata"],
+    )
+    return evaluate(policy, request, obj=body, old=None)
+
+
+def test_the_preemptors_evictions_pass(rendered: dict[str, Obj], accounts: dict[str, str]) -> None:
+    user = service_account_user(NAMESPACE, accounts["controller"])
+    bodies = preemptor_evictions(running_pod())
+    assert len(bodies) == 2 and bodies[0]["deleteOptions"]["dryRun"] == ["All"]
+    for body in bodies:
+        decision = _eviction_decision(_policy(rendered, "-controller-evictions"), user, body)
+        assert decision.applies and decision.allowed, decision
+
+
+@pytest.mark.parametrize("case", sorted(EVICTION_CASES))
+def test_controller_evictions(rendered: dict[str, Obj], accounts: dict[str, str], case: str) -> None:
+    namespace, options, allowed, fragment = EVICTION_CASES[case]
+    user = service_account_user(NAMESPACE, accounts["controller"])
+    decision = _eviction_decision(
+        _policy(rendered, "-controller-evictions"), user, eviction(namespace, options)
+    )
+    assert decision.applies and decision.errors == () and decision.allowed == allowed, decision
+    assert allowed or any(fragment in message for message in decision.denials), decision
+
+
+def test_eviction_policy_leaves_everyone_else_alone(
+    rendered: dict[str, Obj], accounts: dict[str, str]
+) -> None:
+    policy = _policy(rendered, "-controller-evictions")
+    body = eviction("kube-system", None)
+    for user in (
+        service_account_user("kube-system", "node-lifecycle-controller"),
+        service_account_user(NAMESPACE, accounts["agent"], node=NODE),
+        {"username": "alice", "groups": ["system:authenticated"]},
+    ):
+        assert not _eviction_decision(policy, user, body).applies
+
+
 # -- controller: claims ----------------------------------------------------------------------------
 
 
@@ -1079,31 +1267,50 @@ def resource_slice(node: str = NODE) -> Obj:
     }
 
 
-@pytest.mark.parametrize(
-    ("operation", "slice_node", "user_node", "allowed"),
-    [
-        ("CREATE", NODE, NODE, True),
-        ("UPDATE", NODE, NODE, True),
-        ("DELETE", NODE, NODE, True),
-        ("CREATE", OTHER_NODE, NODE, False),
-        ("UPDATE", OTHER_NODE, NODE, False),
-        ("DELETE", OTHER_NODE, NODE, False),
-        ("CREATE", NODE, None, False),
-        ("CREATE", "", NODE, False),
-    ],
-)
-def test_agent_resource_slices(
-    rendered: dict[str, Obj],
-    accounts: dict[str, str],
-    operation: str,
-    slice_node: str,
-    user_node: str | None,
-    allowed: bool,
-) -> None:
-    stored = resource_slice(slice_node)
+def _other_driver(slice_obj: Obj) -> None:
+    slice_obj["spec"]["driver"] = OTHER_DRIVER
+    slice_obj["spec"]["pool"]["name"] = "nics"  # another driver names its pools as it likes
+
+
+def _other_pool(slice_obj: Obj) -> None:
+    slice_obj["spec"]["pool"]["name"] = f"{OTHER_NODE}-gpus"
+
+
+# name -> (operation, the slice's node, the agent's node, a change of the slice, allowed, denial fragment)
+SLICE_CASES: dict[str, tuple[str, str, str | None, Callable[[Obj], None] | None, bool, str]] = {
+    "create its own": ("CREATE", NODE, NODE, None, True, ""),
+    "update its own": ("UPDATE", NODE, NODE, None, True, ""),
+    "delete its own": ("DELETE", NODE, NODE, None, True, ""),
+    "create another node's": ("CREATE", OTHER_NODE, NODE, None, False, "ResourceSlices of node"),
+    "update another node's": ("UPDATE", OTHER_NODE, NODE, None, False, "ResourceSlices of node"),
+    "delete another node's": ("DELETE", OTHER_NODE, NODE, None, False, "ResourceSlices of node"),
+    "create without a node in its token": ("CREATE", NODE, None, None, False, "no node association"),
+    "create one for all nodes": ("CREATE", "", NODE, None, False, "without spec.nodeName"),
+    "create another driver's on its node": ("CREATE", NODE, NODE, _other_driver, False, "of driver"),
+    "update another driver's on its node": ("UPDATE", NODE, NODE, _other_driver, False, "of driver"),
+    "delete another driver's on its node": ("DELETE", NODE, NODE, _other_driver, False, "of driver"),
+    "create a pool not named after its node": ("CREATE", NODE, NODE, _other_pool, False, "pool named"),
+    "update a pool not named after its node": ("UPDATE", NODE, NODE, _other_pool, False, "pool named"),
+    "delete a pool not named after its node": ("DELETE", NODE, NODE, _other_pool, False, "pool named"),
+}
+
+
+def slice_case(case: str) -> tuple[str, Obj, str | None]:
+    """(operation, the slice as stored or written, the agent's node) of a SLICE_CASES case."""
+    operation, slice_node, user_node, change, _, _ = SLICE_CASES[case]
+    stored = resource_slice(slice_node or NODE)
     if not slice_node:
         stored["spec"].pop("nodeName")
         stored["spec"]["allNodes"] = True
+    if change is not None:
+        change(stored)
+    return operation, stored, user_node
+
+
+@pytest.mark.parametrize("case", sorted(SLICE_CASES))
+def test_agent_resource_slices(rendered: dict[str, Obj], accounts: dict[str, str], case: str) -> None:
+    operation, stored, user_node = slice_case(case)
+    *_, allowed, fragment = SLICE_CASES[case]
     old = None if operation == "CREATE" else stored
     obj = None if operation == "DELETE" else stored
     user = service_account_user(NAMESPACE, accounts["agent"], node=user_node)
@@ -1111,6 +1318,22 @@ def test_agent_resource_slices(
         _policy(rendered, "-agent-resourceslices"), user, old=old, obj=obj, operation=operation
     )
     assert decision.applies and decision.errors == () and decision.allowed == allowed, decision
+    assert allowed or any(fragment in message for message in decision.denials), decision
+
+
+@pytest.mark.parametrize("change", [_other_driver, _other_pool])
+def test_agent_may_not_turn_its_slice_into_a_foreign_one(
+    rendered: dict[str, Obj], accounts: dict[str, str], change: Callable[[Obj], None]
+) -> None:
+    """Both sides of an update are checked (the server refuses the change too: both fields are
+    immutable; the policy does not rely on it)."""
+    old = resource_slice()
+    new = copy.deepcopy(old)
+    change(new)
+    user = service_account_user(NAMESPACE, accounts["agent"], node=NODE)
+    policy = _policy(rendered, "-agent-resourceslices")
+    assert not _decide(policy, user, old=old, obj=new).allowed
+    assert not _decide(policy, user, old=new, obj=old).allowed
 
 
 @pytest.mark.parametrize(

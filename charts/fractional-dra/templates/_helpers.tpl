@@ -129,3 +129,26 @@ that other nodes may share. Include with (dict "enabled" .Values.agent.hostNetwo
       fieldPath: status.hostIP
 {{- end }}
 {{- end -}}
+
+{{/* The controller's scheduling gate (driver/controller/model/objects.py GATE). */}}
+{{- define "fractional-dra.gateName" -}}fractional.dev/allocation{{- end -}}
+
+{{/* The label that opts a namespace or a pod out of the gate's policy (value "disabled"). */}}
+{{- define "fractional-dra.autoGateLabel" -}}fractional.dev/auto-gate{{- end -}}
+
+{{/*
+The API version of MutatingAdmissionPolicy to install the gate's policy with, or nothing:
+autoGate.apiVersion when set; else v1 from Kubernetes 1.36 (or wherever the cluster serves it),
+v1beta1 where the cluster serves that, otherwise none.
+*/}}
+{{- define "fractional-dra.autoGateAPIVersion" -}}
+{{- $v1 := "admissionregistration.k8s.io/v1" -}}
+{{- $beta := "admissionregistration.k8s.io/v1beta1" -}}
+{{- if .Values.autoGate.apiVersion -}}
+{{- .Values.autoGate.apiVersion -}}
+{{- else if or (semverCompare ">=1.36.0-0" .Capabilities.KubeVersion.Version) (.Capabilities.APIVersions.Has (printf "%s/MutatingAdmissionPolicy" $v1)) -}}
+{{- $v1 -}}
+{{- else if .Capabilities.APIVersions.Has (printf "%s/MutatingAdmissionPolicy" $beta) -}}
+{{- $beta -}}
+{{- end -}}
+{{- end -}}
