@@ -10,7 +10,10 @@
 #   containerd  containerd, containerd-shim-runc-v2, ctr from github.com/containerd/containerd/v2
 #               v2.3.7 (the newest patch of 2.3, containerd's LTS branch), -tags no_btrfs;
 #   cni         bridge, host-local, loopback, portmap from github.com/containernetworking/plugins
-#               v1.10.0 (the newest v1.x served).
+#               v1.10.0 (the newest v1.x served);
+#   kueue       the manager (cmd/kueue) of sigs.k8s.io/kueue v0.19.2, the newest the proxy serves
+#               (v0.19.3 and later, v0.20+ are refused), CGO off, its version stamped as upstream's
+#               Makefile does (sigs.k8s.io/kueue/pkg/version.GitVersion).
 # runc is not built: containerd needs Debian's (`apt-get install -y runc`); this script only checks
 # that one is on PATH and says so when it is not (it installs nothing).
 #
@@ -27,7 +30,7 @@
 # Cache: ${FRACTIONAL_CACHE:-$HOME/.cache/fractional-dra}
 #   go/mod (GOMODCACHE, written with -modcacherw so `rm -rf` works), go/build (GOCACHE),
 #   src/kubernetes-vX, src/etcd-vX (the generated modules),
-#   bin/kubernetes-vX/, bin/etcd-vX/, bin/containerd-vX/, bin/cni-vX/ (the binaries).
+#   bin/kubernetes-vX/, bin/etcd-vX/, bin/containerd-vX/, bin/cni-vX/, bin/kueue-vX/ (the binaries).
 # A component is skipped when its binaries exist and answer --version (or equivalent) with the
 # right version. Concurrent runs wait for each other (flock on the cache).
 #
@@ -40,17 +43,17 @@
 #                printed, the missing components named on stderr) when a selected component is
 #                missing or stale. Use: `paths="$(hack/upstream-build.sh --print-env)" && eval "${paths}"`.
 #   Environment lines (paths whether built or not), then one export line:
-#     KUBE_BIN=...  ETCD_BIN=...  CONTAINERD_BIN=...  CNI_BIN=...
-#     export KUBE_BIN ETCD_BIN CONTAINERD_BIN CNI_BIN
+#     KUBE_BIN=...  ETCD_BIN=...  CONTAINERD_BIN=...  CNI_BIN=...  KUEUE_BIN=...
+#     export KUBE_BIN ETCD_BIN CONTAINERD_BIN CNI_BIN KUEUE_BIN
 # Environment:
 #   K8S_VERSION         1.37.2 (default) | 1.36.3 | 1.35.4 (a leading v is accepted)
 #   COMPONENTS          space/comma-separated, default all:
 #                         all = etcd kube-apiserver kube-controller-manager kube-scheduler kubelet
-#                               containerd cni
+#                               containerd cni kueue
 #                         control-plane = etcd kube-apiserver kube-controller-manager kube-scheduler
 #                         node = kubelet containerd cni;  kubernetes = the four kube binaries;
 #                         or any single name above
-#   ETCD_VERSION, CONTAINERD_VERSION, CNI_VERSION   override the pins above
+#   ETCD_VERSION, CONTAINERD_VERSION, CNI_VERSION, KUEUE_VERSION   override the pins above
 #   FRACTIONAL_CACHE    the cache directory
 #   GO_BUILD_P          go build -p (default 2). Every go command runs under nice -n 19.
 #
@@ -94,18 +97,20 @@ if ((k8s_minor >= 37)); then etcd_default=3.7.3; else etcd_default=3.6.16; fi
 etcd_version="$(version_of "${ETCD_VERSION:-${etcd_default}}")"
 containerd_version="$(version_of "${CONTAINERD_VERSION:-2.3.7}")"
 cni_version="$(version_of "${CNI_VERSION:-1.10.0}")"
+kueue_version="$(version_of "${KUEUE_VERSION:-0.19.2}")"
 
 cache="${FRACTIONAL_CACHE:-${HOME}/.cache/fractional-dra}"
 kube_bin="${cache}/bin/kubernetes-${k8s_version}"
 etcd_bin="${cache}/bin/etcd-${etcd_version}"
 containerd_bin="${cache}/bin/containerd-${containerd_version}"
 cni_bin="${cache}/bin/cni-${cni_version}"
+kueue_bin="${cache}/bin/kueue-${kueue_version}"
 
 kube_binaries=(kube-apiserver kube-controller-manager kube-scheduler kubelet)
 cni_plugins=(main/bridge ipam/host-local main/loopback meta/portmap)
 
 # -- components -----------------------------------------------------------------------------------
-all_components=(etcd kube-apiserver kube-controller-manager kube-scheduler kubelet containerd cni)
+all_components=(etcd kube-apiserver kube-controller-manager kube-scheduler kubelet containerd cni kueue)
 declare -A wanted=()
 IFS=$', \t\n' read -ra names <<<"${COMPONENTS:-all}"
 for name in "${names[@]}"; do
@@ -114,7 +119,7 @@ for name in "${names[@]}"; do
     control-plane) for c in etcd kube-apiserver kube-controller-manager kube-scheduler; do wanted[${c}]=1; done ;;
     node) for c in kubelet containerd cni; do wanted[${c}]=1; done ;;
     kubernetes) for c in "${kube_binaries[@]}"; do wanted[${c}]=1; done ;;
-    etcd | kube-apiserver | kube-controller-manager | kube-scheduler | kubelet | containerd | cni)
+    etcd | kube-apiserver | kube-controller-manager | kube-scheduler | kubelet | containerd | cni | kueue)
       wanted[${name}]=1
       ;;
     *) die "COMPONENTS: unknown component ${name} (all, control-plane, node, kubernetes, ${all_components[*]})" ;;
@@ -131,7 +136,8 @@ print_env() {
   printf 'ETCD_BIN=%q\n' "${etcd_bin}"
   printf 'CONTAINERD_BIN=%q\n' "${containerd_bin}"
   printf 'CNI_BIN=%q\n' "${cni_bin}"
-  echo "export KUBE_BIN ETCD_BIN CONTAINERD_BIN CNI_BIN"
+  printf 'KUEUE_BIN=%q\n' "${kueue_bin}"
+  echo "export KUBE_BIN ETCD_BIN CONTAINERD_BIN CNI_BIN KUEUE_BIN"
 }
 
 # -- is a component current? -------------------------------------------------------------------------
@@ -160,6 +166,9 @@ current() {
         answers "${cni_bin}/${plugin#*/}" "plugin ${cni_version}" || return 1
       done
       ;;
+    # The manager has no --version flag: the build info names the module and its version.
+    kueue) [[ -x "${kueue_bin}/kueue" ]] && go version -m "${kueue_bin}/kueue" 2>/dev/null |
+      grep -q "mod[[:space:]]*sigs.k8s.io/kueue[[:space:]]*${kueue_version}" ;;
   esac
 }
 
@@ -314,6 +323,12 @@ build_cni() {
     "-s -w -X ${p}/pkg/utils/buildversion.BuildVersion=${cni_version}" "${pkgs[@]}"
 }
 
+build_kueue() {
+  install_into "${kueue_bin}" 0 "" \
+    "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=${kueue_version}" \
+    "sigs.k8s.io/kueue/cmd/kueue@${kueue_version}"
+}
+
 # -- run --------------------------------------------------------------------------------------------
 now_ms() { echo $((${EPOCHREALTIME//[.,]/} / 1000)); }
 dir_of() {
@@ -321,6 +336,7 @@ dir_of() {
     etcd) echo "${etcd_bin}" ;;
     containerd) echo "${containerd_bin}" ;;
     cni) echo "${cni_bin}" ;;
+    kueue) echo "${kueue_bin}" ;;
     *) echo "${kube_bin}" ;;
   esac
 }
@@ -328,7 +344,7 @@ dir_of() {
 # In braces: bash reads the whole block before running it, so editing this file (a git checkout)
 # while a build runs cannot change what the running script does next.
 {
-  log "Kubernetes ${k8s_version}, etcd ${etcd_version}, containerd ${containerd_version}, CNI plugins ${cni_version}; $(go version | cut -d' ' -f3); cache ${cache}"
+  log "Kubernetes ${k8s_version}, etcd ${etcd_version}, containerd ${containerd_version}, CNI plugins ${cni_version}, Kueue ${kueue_version}; $(go version | cut -d' ' -f3); cache ${cache}"
   total_start="$(now_ms)"
   for c in "${selected[@]}"; do
     start="$(now_ms)"
@@ -340,6 +356,7 @@ dir_of() {
         etcd) build_etcd ;;
         containerd) build_containerd ;;
         cni) build_cni ;;
+        kueue) build_kueue ;;
         *) build_kube "${c}" ;;
       esac
       current "${c}" || die "${c} was built but does not answer with the expected version"

@@ -103,6 +103,7 @@ class Binaries:
     etcd: Path
     containerd: Path
     cni: Path
+    kueue: Path  # the directory of Kueue's manager (built with COMPONENTS naming kueue, or all)
 
     @classmethod
     def build(cls, version: str, components: str) -> Binaries:
@@ -118,13 +119,14 @@ class Binaries:
         found: dict[str, str] = {}
         for line in result.stdout.splitlines():
             name, sep, value = line.partition("=")
-            if sep and name in {"KUBE_BIN", "ETCD_BIN", "CONTAINERD_BIN", "CNI_BIN"}:
+            if sep and name in {"KUBE_BIN", "ETCD_BIN", "CONTAINERD_BIN", "CNI_BIN", "KUEUE_BIN"}:
                 found[name] = value.strip().strip("'\"")
         return cls(
             Path(found["KUBE_BIN"]),
             Path(found["ETCD_BIN"]),
             Path(found["CONTAINERD_BIN"]),
             Path(found["CNI_BIN"]),
+            Path(found["KUEUE_BIN"]),
         )
 
 

@@ -12,7 +12,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["ClientCert", "Pki", "make_pki"]
+__all__ = ["ClientCert", "Pki", "make_pki", "serving_cert"]
 
 DAYS = 3650
 
@@ -99,3 +99,9 @@ def make_pki(pki_dir: Path, *, clients: dict[str, str], node_ips: list[str]) -> 
     return Pki(
         pki_dir, pki_dir / "ca.crt", pki_dir / "ca.key", serving, pki_dir / "sa.key", pki_dir / "sa.pub"
     )
+
+
+def serving_cert(pki_dir: Path, name: str, sans: list[str]) -> ClientCert:
+    """A serving certificate ``<name>.crt`` for ``sans`` (``IP:...``, ``DNS:...``), signed by the CA
+    of ``pki_dir`` (for a webhook server the apiserver calls)."""
+    return _signed(pki_dir, name, f"/CN={name}", sans=sans, usage="serverAuth")

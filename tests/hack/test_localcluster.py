@@ -76,7 +76,7 @@ def test_the_pki_signs_what_each_component_needs(tmp_path: Path) -> None:
 def test_containerd_runs_cdi_our_pause_image_and_its_own_paths(cluster: LocalCluster) -> None:
     from localcluster.cluster import Binaries
 
-    binaries = Binaries(Path("/k"), Path("/e"), Path("/c"), Path("/cni"))
+    binaries = Binaries(Path("/k"), Path("/e"), Path("/c"), Path("/cni"), Path("/kueue"))
     configs = [tomllib.loads(_containerd_config(cluster, node, binaries)) for node in cluster.nodes]
     for config in configs:
         runtime = config["plugins"]["io.containerd.cri.v1.runtime"]
