@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 __all__ = [
+    "AUTO_GATE_LABEL",
     "CONTEXT",
     "DRIVER",
     "DRIVER_IMAGE",
@@ -51,6 +52,8 @@ DRIVER_IMAGE = os.environ.get(
     "FRACTIONAL_E2E_DRIVER_IMAGE", "localhost/fractional-dra:dev" if LOCAL_CLUSTER else "fractional-dra:dev"
 )
 DRIVER = "fractional.dev"
+# A namespace or pod labelled with it (value "disabled") is left alone by the chart's gate policy.
+AUTO_GATE_LABEL = "fractional.dev/auto-gate"
 
 T = TypeVar("T")
 

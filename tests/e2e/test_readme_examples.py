@@ -1,5 +1,7 @@
 """The shipped examples, applied as written (``kubectl apply -f examples/...``), run on the real
-cluster: kube-scheduler alone for the ungated ones, our controller for the gated gangs.
+cluster, in a namespace as a user makes it: the chart's admission policy gives every pod with a
+claim the controller's scheduling gate, so the controller places all of them (none of the examples
+writes the gate itself), and kube-scheduler binds.
 
 On the local cluster busybox:1.36 and registry.k8s.io/pause:3.10 are our own images under those
 names (hack/localcluster/images.py), since nothing can be pulled.
@@ -37,7 +39,8 @@ def _settled(namespace: str, expected: int) -> list[dict[str, Any]] | None:
 
 
 @pytest.mark.parametrize("example", list(CASES))
-def test_the_example_runs_as_written(namespace: str, example: str) -> None:
+def test_the_example_runs_as_written(user_namespace: str, example: str) -> None:
+    namespace = user_namespace
     expected = CASES[example]
     kubectl("apply", "-n", namespace, "-f", str(EXAMPLES / example))
     pods = wait_for(lambda: _settled(namespace, expected), timeout=300, what=f"the pods of {example}")
