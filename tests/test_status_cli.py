@@ -94,6 +94,22 @@ def test_status_shows_gpus_shares_and_pods(
     assert f"  {NODE}/gpu-1: {NAMESPACE}/train [train-claim] whole GPU" in lines
 
 
+def test_status_of_one_namespace_keeps_the_cluster_counts(
+    cluster: Any, kubeconfig_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Every GPU is held by the namespace "team": seen from another namespace, none is free either.
+    assert main(["status", "-n", "other", "--kubeconfig", str(kubeconfig_file)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "GPUs of the whole cluster; claims of namespace other listed"
+    assert "2 GPUs: 0 free, 1 taken whole, 1 shares on the others (cluster-wide)" in lines
+    assert "no claim of namespace other holds a GPU" in lines
+    assert not any(line.startswith(f"  {NODE}/") for line in lines)
+    assert main(["status", "-n", NAMESPACE, "--kubeconfig", str(kubeconfig_file)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "2 GPUs: 0 free, 1 taken whole, 1 shares on the others (cluster-wide)" in lines
+    assert f"  {NODE}/gpu-0: {NAMESPACE}/infer [infer-claim] 20Gi 10%" in lines
+
+
 def test_status_watch_redraws_until_stopped(cluster: Any, kubeconfig_file: Path) -> None:
     stop = threading.Event()
     frames: list[str] = []
