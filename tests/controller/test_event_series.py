@@ -163,8 +163,8 @@ def test_the_controller_says_why_again_for_a_pod_recreated_under_the_same_name(
     controller()
 
     def said_on(uid: str) -> bool:
-        events = cluster.events()
-        return any(e["reason"] == "GangUnschedulable" and e["involvedObject"].get("uid") == uid for e in events)
+        said = [e for e in cluster.events() if e["reason"] == "GangUnschedulable"]
+        return any(e["involvedObject"].get("uid") == uid for e in said)
 
     first = cluster.pod("big-0")["metadata"]["uid"]
     wait_for(lambda: said_on(first), what="the Event on the first big-0")
