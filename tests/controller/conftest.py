@@ -16,7 +16,14 @@ from kubernetes import client
 
 from driver.cluster.apiserver import APIServer
 from driver.config import ControllerConfig
-from driver.controller import FINALIZER, GANG_LABEL, GANG_SIZE_ANNOTATION, GATE
+from driver.controller import (
+    FINALIZER,
+    GANG_LABEL,
+    GANG_SIZE_ANNOTATION,
+    GATE,
+    Controller,
+    ReconcilerSettings,
+)
 from driver.controller.loop.run import run_controller
 from driver.controller.writes.writer import WriteHook
 from driver.inventory.fake import load_profile, resolve_profile
@@ -229,3 +236,15 @@ def controller(cluster: Cluster) -> Iterator[Callable[..., RunningController]]:
     for instance in running:
         with contextlib.suppress(AssertionError):
             instance.shutdown()
+
+
+@pytest.fixture
+def fenced(cluster: Cluster) -> Iterator[Controller]:
+    """A controller replica that lost its lease (its successor leads): it must write nothing."""
+    instance = Controller(configuration=cluster.server.configuration(), settings=ReconcilerSettings())
+    instance.fence.set()
+    instance.start()
+    try:
+        yield instance
+    finally:
+        instance.stop()

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
 
 import pytest
 from kubernetes import client
 
 from driver.cluster.apiserver import APIServer
-from driver.controller import Controller, HaltWrites, ReconcilerSettings
+from driver.controller import Controller, HaltWrites
 from driver.controller.writes.events import EventRecorder
 from tests.controller.conftest import NAMESPACE, Cluster, gated_pod, gpu_claim, wait_for
 
@@ -34,17 +33,6 @@ def test_a_recorder_behind_a_set_fence_posts_nothing(api_server: APIServer) -> N
             recorder.object_rejected("pods", pod, "spec: nested too deep")
         assert api_server.request_count("create", "events") == 0
         assert api_server.request_count("patch", "events") == 0
-
-
-@pytest.fixture
-def fenced(cluster: Cluster) -> Iterator[Controller]:
-    instance = Controller(configuration=cluster.server.configuration(), settings=ReconcilerSettings())
-    instance.fence.set()  # this replica lost its lease; its successor leads
-    instance.start()
-    try:
-        yield instance
-    finally:
-        instance.stop()
 
 
 def test_a_controller_that_lost_its_lease_posts_no_event(cluster: Cluster, fenced: Controller) -> None:

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from kubernetes import client
 
-from driver.controller import Controller, ReconcilerSettings
+from driver.controller import Controller
 from driver.controller.preemption.refusal import (
     SHARE_REFUSED_REASON,
     RefusalAction,
@@ -291,17 +291,6 @@ def test_a_running_pod_is_left_alone(
     assert refusal_events(cluster, "running") == []
     assert not cluster.pod("running")["metadata"].get("deletionTimestamp")
     assert cluster.server.request_count("create", "pods/eviction") == 0
-
-
-@pytest.fixture
-def fenced(cluster: Cluster) -> Iterator[Controller]:
-    instance = Controller(configuration=cluster.server.configuration(), settings=ReconcilerSettings())
-    instance.fence.set()  # this replica lost its lease; its successor leads
-    instance.start()
-    try:
-        yield instance
-    finally:
-        instance.stop()
 
 
 def test_nothing_is_evicted_or_said_behind_a_lost_lease(
