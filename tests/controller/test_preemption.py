@@ -296,6 +296,28 @@ def test_a_preemptor_that_failed_backs_off() -> None:
     assert attempt(39.5) == 3
 
 
+def test_a_backed_off_preemptor_is_due_again_when_its_backoff_runs_out() -> None:
+    """Recorded on 1.37.2: kube-scheduler placed its own ungated pod on the GPU our eviction freed
+    (it cannot see our nomination), so the preemptor backed off; with neither the gang nor the
+    capacity changing after that, nothing would look at it again. ``retry_due`` lets the decider
+    try it once its backoff has run out, and ``retry_in`` says when to queue it."""
+    from driver.controller.model.objects import GangKey
+    from driver.controller.preemption.preemptor import Preemptor
+    from driver.controller.view.cache import ClusterCache
+
+    now = [100.0]
+    preemptor = Preemptor(cache=ClusterCache(topology_label="zone"), configuration=client.Configuration(),
+                          clock=lambda: now[0], backoff_seconds=10.0)  # fmt: skip
+    gang = GangKey("default/train")
+    assert not preemptor.retry_due(gang) and preemptor.retry_in(gang) is None  # never backed off
+    preemptor._fail(gang, "still unschedulable after its victims were evicted")
+    assert preemptor.retry_in(gang) == 10.0 and not preemptor.retry_due(gang)
+    now[0] += 10.0
+    assert preemptor.retry_due(gang) and preemptor.retry_in(gang) == 0.0
+    preemptor.placed([gang])
+    assert not preemptor.retry_due(gang) and preemptor.retry_in(gang) is None
+
+
 def _in_process(cluster: Cluster, *, preemption: bool) -> Any:
     from driver.controller import Controller, ReconcilerSettings
 

@@ -315,6 +315,7 @@ class Controller:
             submit=submit,
             requeue=self.queue.add,
             requeue_later=self.queue.add_rate_limited,
+            requeue_after=self.queue.add_after,
             capacity_freed=self._bump_capacity,
             gate_seen=self._gate_seen,
             preemptor=Preemptor(

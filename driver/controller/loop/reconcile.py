@@ -49,7 +49,7 @@ from driver.controller.model.objects import (
 from driver.controller.preemption.preemptor import Preemptor
 from driver.controller.preemption.refusal import RefusedShares
 from driver.controller.sizing.hints import compute_hint, existing_node_shapes, profile_shapes, render_hint
-from driver.controller.sizing.overcommit import Overcommit
+from driver.controller.sizing.overcommit import Overcommit, compute_overcommits
 from driver.controller.view.cache import ClusterCache, Kind
 from driver.controller.writes.events import REASON_FAILED, REASON_HANDED_OVER, EventRecorder
 from driver.controller.writes.pipeline import Job, Writers
@@ -106,6 +106,7 @@ class Reconciler:
     submit: Callable[[Job], bool]  # hands a job to the writers (blocks while they are full)
     requeue: Callable[[str], None]
     requeue_later: Callable[[str], float]  # with per-key backoff
+    requeue_after: Callable[[str, float], None] = lambda key, seconds: None  # once, after that long
     capacity_freed: Callable[[], None] = lambda: None  # requeues the gangs waiting for room
     gate_seen: dict[str, float] = field(default_factory=dict)
     preemptor: Preemptor | None = None  # None: --preemption=false
@@ -188,7 +189,8 @@ class Reconciler:
                     self._defer(job, key)
                     continue
                 unfit = self._unfit.get(gang)
-                if plan.action == "allocate" and unfit and unfit.key == (plan.signature, generation):
+                unchanged = unfit is not None and unfit.key == (plan.signature, generation)
+                if plan.action == "allocate" and unchanged and not self._preemption_due(gang):
                     continue  # did not fit, and neither the gang nor the capacity changed since
                 if plan.action == "allocate" and (error := self._backend_refused(plan)) is not None:
                     refused.append((plan, error))
@@ -277,9 +279,15 @@ class Reconciler:
 
     def _unschedulable(self, writers: Writers, plan: GangPlan, decision: Decision, generation: int) -> None:
         """An unschedulable gang's job: make room by preemption (preempting.py), else say why not."""
-        if self.preemptor is not None and self.preemptor.preempt(plan, policy=self.settings.policy):
-            return  # victims are going; the release of their claims queues the gang again
+        if self.preemptor is not None:
+            if self.preemptor.preempt(plan, policy=self.settings.policy):
+                return  # victims are going; the release of their claims queues the gang again
+            if (seconds := self.preemptor.retry_in(plan.key)) is not None:
+                self.requeue_after(GANG_PREFIX + plan.key, seconds + 0.1)  # try again when it may
         self._explain(writers, plan, decision, generation)
+
+    def _preemption_due(self, gang: GangKey) -> bool:
+        return self.preemptor is not None and self.preemptor.retry_due(gang)
 
     def _failed(self, plan: GangPlan, failure: AllocationError) -> None:
         self._mark_unschedulable(plan.key, fit=False)
@@ -438,6 +446,23 @@ class Reconciler:
                 )
                 if device not in published:
                     return f"device {'/'.join(device)}"
+        return self._booked_twice(decision)
+
+    def _booked_twice(self, decision: Decision) -> str:
+        """A device of this gang that the allocations in the cache now hold past its capacity: another
+        allocator (kube-scheduler, for an ungated pod) took the same room while we wrote. Seen on
+        1.37.2 under churn. Ours yields: nothing is ungated yet, so the gang is planned again.
+        Under ``cache.lock``."""
+        ours = {
+            (str(r.get("driver", "")), str(r.get("pool", "")), str(r.get("device", "")))
+            for _claim, allocation in decision.allocations
+            for r in (allocation.get("devices") or {}).get("results") or ()
+        }
+        if not ours:
+            return ""
+        for overcommit in compute_overcommits(self.cache.objects(Kind.SLICE), self.cache.objects(Kind.CLAIM)):
+            if overcommit.device in ours:
+                return f"device {overcommit.device_name}, booked past its {overcommit.dimension} meanwhile"
         return ""
 
     def _deleted_meanwhile(self, kind: Kind, obj: dict[str, Any]) -> bool:

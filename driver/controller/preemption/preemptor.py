@@ -250,6 +250,19 @@ class Preemptor:
         pod_nodes = tuple((pod, group_node(group, by_claim)) for group in plan.groups for pod in group.pods)
         return Decision(outcome="allocated", allocations=tuple(chosen), pod_nodes=pod_nodes)
 
+    def retry_due(self, gang: GangKey) -> bool:
+        """The gang backed off after a preemption that did not place it (someone else, kube-scheduler
+        for an ungated pod, took what its victims freed), and that backoff has run out: it may try
+        again even though neither it nor the capacity changed. Caller holds ``cache.lock``."""
+        state = self.backoff.get(gang)
+        return state is not None and state.failures > 0 and self.clock() >= state.until
+
+    def retry_in(self, gang: GangKey) -> float | None:
+        """Seconds until the gang's backoff runs out, or None when it is not backing off."""
+        with self.cache.lock:
+            state = self.backoff.get(gang)
+            return None if state is None else max(0.0, state.until - self.clock())
+
     def placed(self, gangs: list[GangKey]) -> None:
         """These gangs were allocated: their nominations and backoff end (one lock for the batch)."""
         if not self.nominations and not self.backoff:
