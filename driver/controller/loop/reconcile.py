@@ -453,14 +453,24 @@ class Reconciler:
         allocator (kube-scheduler, for an ungated pod) took the same room while we wrote. Seen on
         1.37.2 under churn. Ours yields: nothing is ungated yet, so the gang is planned again.
         Under ``cache.lock``."""
-        ours = {
-            (str(r.get("driver", "")), str(r.get("pool", "")), str(r.get("device", "")))
-            for _claim, allocation in decision.allocations
-            for r in (allocation.get("devices") or {}).get("results") or ()
-        }
+        ours: set[tuple[str, str, str]] = set()
+        for _claim, allocation in decision.allocations:
+            ours |= _devices_of({"status": {"allocation": allocation}})
         if not ours:
             return ""
-        for overcommit in compute_overcommits(self.cache.objects(Kind.SLICE), self.cache.objects(Kind.CLAIM)):
+        # Only the gang's pools and the claims on its devices: this runs once per gang commit.
+        pools = {(driver, pool) for driver, pool, _device in ours}
+        slices = [
+            s
+            for s in self.cache.objects(Kind.SLICE)
+            if (
+                str((s.get("spec") or {}).get("driver", "")),
+                str(((s.get("spec") or {}).get("pool") or {}).get("name", "")),
+            )
+            in pools
+        ]
+        claims = [c for c in self.cache.objects(Kind.CLAIM) if _devices_of(c) & ours]
+        for overcommit in compute_overcommits(slices, claims):
             if overcommit.device in ours:
                 return f"device {overcommit.device_name}, booked past its {overcommit.dimension} meanwhile"
         return ""
@@ -711,3 +721,12 @@ class Reconciler:
                     self.requeue(GANG_PREFIX + gang)
                 return
         self._start_job([queue_key], lambda w: self._release(w.writer, claim))  # a crash leftover's finalizer
+
+
+def _devices_of(claim: dict[str, Any]) -> set[tuple[str, str, str]]:
+    """(driver, pool, device) of every result of the claim's allocation; empty when unallocated."""
+    allocation = (claim.get("status") or {}).get("allocation") or {}
+    return {
+        (str(r.get("driver", "")), str(r.get("pool", "")), str(r.get("device", "")))
+        for r in (allocation.get("devices") or {}).get("results") or ()
+    }
