@@ -173,7 +173,13 @@ class LocalCluster:
         self.processes.save()
 
     # ------------------------------------------------------------------ control plane
-    def up_control_plane(self, binaries: Binaries) -> None:
+    def up_control_plane(
+        self,
+        binaries: Binaries,
+        components: tuple[str, ...] = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"),
+    ) -> None:
+        """Start the control plane; ``components`` leaves some out (the tests' real backend runs
+        no scheduler, as the emulator has none). etcd and kube-apiserver are always started."""
         if self.processes.get("kube-apiserver") is not None:
             raise ClusterError(f"a cluster is already up ({self.state_dir}); run make cluster-down first")
         _claim_machine(self.state_dir)
@@ -197,8 +203,10 @@ class LocalCluster:
             self.write_kubeconfig(self.state_dir / f"{name}.kubeconfig", name, embed=False)
         self._start_etcd(binaries)
         self._start_apiserver(binaries, pki)
-        self._start_controller_manager(binaries, pki)
-        self._start_scheduler(binaries)
+        if "kube-controller-manager" in components:
+            self._start_controller_manager(binaries, pki)
+        if "kube-scheduler" in components:
+            self._start_scheduler(binaries)
 
     def write_kubeconfig(self, path: Path, user: str, *, embed: bool) -> None:
         """A kubeconfig for the client certificate ``<pki>/<user>.crt``: with the certificates in

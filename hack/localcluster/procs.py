@@ -102,7 +102,10 @@ class Processes:
         if process.alive():
             _signal(process.pid, signal.SIGTERM)
             deadline = time.monotonic() + grace_seconds
+            own = self._children.get(process.pid)
             while process.alive() and time.monotonic() < deadline:
+                if own is not None and own.poll() is not None:
+                    break  # our own child exited: reaped now, not left a zombie that looks alive
                 time.sleep(0.1)
             if process.alive():
                 _signal(process.pid, signal.SIGKILL)
