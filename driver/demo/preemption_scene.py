@@ -93,8 +93,8 @@ def run_preemption_scene(demo: SceneHost, namespace: str) -> None:
         demo.say(f"  {event['involvedObject']['name']}: {event['message']}")
     for event in sorted(_events(demo, namespace, "Preempted"), key=lambda e: e["involvedObject"]["name"]):
         demo.say(
-            f"  preempted {event['involvedObject']['name']}: {event['message']} (DisruptionTarget: "
-            "PreemptionByScheduler, to accommodate a higher priority pod)"
+            f"  preempted {event['involvedObject']['name']}: {event['message']} (evicted through the "
+            "Eviction API, which marks it DisruptionTarget: EvictionByEvictionAPI)"
         )
     for name in urgent:
         placed = ", ".join(f"{r['pool']}/{r['device']}" for r in demo.allocation_of(f"{name}-claim"))

@@ -24,6 +24,7 @@ from kubernetes import client
 
 from driver.errors import ConflictError, FractionalError, NotFoundError, TransientError
 from driver.kube import REQUEST_TIMEOUT_SECONDS, api_errors
+from driver.kube.transport import JsonSender
 
 __all__ = ["Clock", "LeaderElector", "SystemClock"]
 
@@ -42,6 +43,10 @@ class SystemClock:
 
     def now(self) -> datetime:
         return datetime.now(UTC)
+
+
+_LEASES = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+_LEASE = _LEASES + "/{name}"
 
 
 def _micro_time(moment: datetime) -> str:
@@ -71,10 +76,13 @@ class LeaderElector:
         retry_period_seconds: float,
         clock: Clock | None = None,
     ) -> None:
-        self._api: Any = client.CoordinationV1Api(
-            api_client
-        )  # Any: we send dicts and read raw JSON (_preload_content=False)
+        self._api: Any = client.CoordinationV1Api(api_client)  # Any: raw JSON reads (_preload_content=False)
+        # Writes go as JSON, as written: the typed client methods coerce a dict body into their
+        # model and write times back with isoformat(), which drops a zero microsecond part, and
+        # kube-apiserver refuses a MicroTime without one (seen on the real apiserver).
+        self._sender = JsonSender(api_client)
         self.name = name
+        self._path_params = {"namespace": namespace, "name": name}
         self.namespace = namespace
         self.identity = identity
         self._lease_duration_seconds = lease_duration_seconds
@@ -128,13 +136,12 @@ class LeaderElector:
                 "spec": {**self._spec({}), "leaseTransitions": 0},
             }
             try:
-                with api_errors(f"create {what}"):
-                    response = self._api.create_namespaced_lease(
-                        self.namespace, body, _preload_content=False, _request_timeout=REQUEST_TIMEOUT_SECONDS
-                    )
+                data = self._sender.send_json(
+                    "POST", _LEASES, {"namespace": self.namespace}, body, what=f"create {what}"
+                )
             except ConflictError:
                 return False  # another candidate created it first
-            return self._won(json.loads(response.data), now)
+            return self._won(json.loads(data), now)
         spec = lease.get("spec") or {}
         record = _record(lease)
         if record != self._observed:
@@ -146,17 +153,10 @@ class LeaderElector:
         body = copy.deepcopy(lease)
         body["spec"] = self._spec(spec)
         try:
-            with api_errors(f"update {what}"):
-                response = self._api.replace_namespaced_lease(
-                    self.name,
-                    self.namespace,
-                    body,
-                    _preload_content=False,
-                    _request_timeout=REQUEST_TIMEOUT_SECONDS,
-                )
+            data = self._sender.send_json("PUT", _LEASE, self._path_params, body, what=f"update {what}")
         except ConflictError:
             return False
-        return self._won(json.loads(response.data), now)
+        return self._won(json.loads(data), now)
 
     def _won(self, lease: dict[str, Any], now: float) -> bool:
         self._lease = lease
@@ -214,14 +214,9 @@ class LeaderElector:
             "leaseTransitions": int((lease.get("spec") or {}).get("leaseTransitions") or 0),
         }
         try:
-            with api_errors(f"release Lease {self.namespace}/{self.name}"):
-                self._api.replace_namespaced_lease(
-                    self.name,
-                    self.namespace,
-                    body,
-                    _preload_content=False,
-                    _request_timeout=REQUEST_TIMEOUT_SECONDS,
-                )
+            self._sender.send_json(
+                "PUT", _LEASE, self._path_params, body, what=f"release Lease {self.namespace}/{self.name}"
+            )
             log.info("lease released", extra={"lease": self.name, "identity": self.identity})
         except (ConflictError, TransientError) as error:  # it expires on its own
             log.warning("lease not released", extra={"lease": self.name, "error": str(error)})

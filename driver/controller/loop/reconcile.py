@@ -32,6 +32,7 @@ from driver.allocator import check_no_claim_backend
 from driver.controller.diagnosis.explain import best_node_offer, describe_demand
 from driver.controller.gangs.burst import decide_all
 from driver.controller.gangs.decide import Decision
+from driver.controller.gangs.nodefit import node_admits_pod
 from driver.controller.gangs.plan import GangPlan, plan_gang
 from driver.controller.kueue.check import kueue_provisions
 from driver.controller.metrics import ControllerMetrics
@@ -574,7 +575,12 @@ class Reconciler:
                 start += len(group.pending_claims)
             pod_groups = [g for g in pod_groups if g]
             nodes = self.cache.objects(Kind.NODE)
-            node_names = [str(n["metadata"]["name"]) for n in nodes]
+            # Only nodes the gang's pods could run on: a node that just joined carries the
+            # not-ready taint until its kubelet reports (seen on a real cluster), and must not be
+            # named as the best offer of a gang that the planner rightly kept off it.
+            node_names = [
+                str(n["metadata"]["name"]) for n in nodes if all(node_admits_pod(p, n) for p in plan.gated)
+            ]
             offer = best_node_offer(self.cache.state, plan.groups, node_names, policy=self.settings.policy)
             slices = self.cache.objects(Kind.SLICE)
             classes = self.cache.objects(Kind.CLASS)

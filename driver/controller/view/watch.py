@@ -146,7 +146,7 @@ class Watcher(threading.Thread):
                         f"list {self.kind.value}: {format_field_path(path)}: nested too deep"
                     )
                 rejected[len(items) + index] = _too_deep(path[2:])
-            items.extend(body.get("items") or ())
+            items.extend(_typed_items(body))
             metadata = body.get("metadata") or {}
             continue_token = metadata.get("continue")
             if not continue_token:
@@ -217,3 +217,17 @@ class Watcher(threading.Thread):
                 self._response = None
             response.release_conn()
         return resource_version
+
+
+def _typed_items(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The list's items, each with its apiVersion and kind. kube-apiserver leaves both out of a
+    built-in kind's list items (only a watch event's object carries them), and Events name their
+    object by them (seen on a real apiserver: a PodGroup's Event went to a pod instead)."""
+    api_version, list_kind = body.get("apiVersion"), str(body.get("kind") or "")
+    kind = list_kind[: -len("List")] if list_kind.endswith("List") else None
+    items = []
+    for item in body.get("items") or ():
+        if isinstance(item, dict) and kind and api_version:
+            item = {"apiVersion": api_version, "kind": kind, **item}
+        items.append(item)
+    return items
