@@ -1,4 +1,9 @@
-"""Shared fixtures: the embedded API emulator on 127.0.0.1:0, reached with the real client."""
+"""Shared fixtures: the embedded API emulator on 127.0.0.1:0, reached with the real client.
+
+``pytest --cluster=real`` puts the real control plane (tests/real_backend.py) behind the same
+``api_server`` fixture and runs only the tests marked ``shared``: those that reach the cluster
+through its API alone. The default, ``--cluster=emulator``, runs everything on the emulator.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ if TYPE_CHECKING:
     from kubernetes import client
 
     from driver.cluster.apiserver import APIServer
+    from tests.real_backend import RealAPIServer
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SHARED_REFERENCE = REPO_ROOT.parent / "shared" / "reference"
@@ -29,8 +35,65 @@ def _restore_root_logging() -> Iterator[None]:
     root.setLevel(level)
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--cluster",
+        choices=("emulator", "real"),
+        default="emulator",
+        help="the apiserver behind api_server: the embedded emulator (default), or the real "
+        "control plane of hack/localcluster (K8S_VERSION), running only the tests marked shared",
+    )
+    parser.addoption(
+        "--record-differential",
+        action="store_true",
+        help="with --cluster=real: write the real apiserver's answers to the differential corpus "
+        "into tests/data/differential/real-<version>.json",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "shared: reaches the cluster only through its API; runs on --cluster=real too"
+    )
+    config.addinivalue_line("markers", "real_only: needs the real control plane (--cluster=real)")
+    if config.getoption("cluster") == "real" and (getattr(config.option, "numprocesses", 0) or 0) > 0:
+        raise pytest.UsageError("--cluster=real shares one control plane between the tests: add -n0")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    real = config.getoption("cluster") == "real"
+    kept = [
+        item
+        for item in items
+        if (item.get_closest_marker("shared") if real else not item.get_closest_marker("real_only"))
+    ]
+    chosen = {id(item) for item in kept}
+    left = [item for item in items if id(item) not in chosen]
+    if left:
+        config.hook.pytest_deselected(items=left)
+        items[:] = kept
+
+
+@pytest.fixture(scope="session")
+def _real_control_plane(request: pytest.FixtureRequest) -> Iterator[RealAPIServer]:
+    from tests import real_backend
+
+    server = real_backend.start()
+    try:
+        yield server
+    finally:
+        real_backend.stop(server)
+
+
 @pytest.fixture
-def api_server() -> Iterator[APIServer]:
+def api_server(request: pytest.FixtureRequest) -> Iterator[APIServer]:
+    if request.config.getoption("cluster") == "real":
+        real: RealAPIServer = request.getfixturevalue("_real_control_plane")
+        try:
+            yield real  # type: ignore[misc]  # the same surface, duck-typed
+        finally:
+            real.reset()
+        return
     from driver.cluster.apiserver import APIServer
 
     server = APIServer(host="127.0.0.1", port=0)

@@ -172,7 +172,7 @@ class RealAPIServer:
         one test's leftovers never fail the next."""
         try:
             self._reset()
-        except Exception as error:  # noqa: BLE001  # any failure: start clean rather than cascade
+        except Exception as error:  # any failure: start clean rather than cascade
             sys.stderr.write(f"real backend: clean-up failed ({error}); starting a fresh control plane\n")
             self.cluster.down()
             fresh = start(self.version)

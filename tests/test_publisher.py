@@ -19,6 +19,8 @@ from driver.inventory.model import NodeInventory
 from driver.plugin.coexistence import CoexistenceMonitor
 from driver.publisher import SHARING_OFF_WARNING, SlicePublisher
 
+pytestmark = pytest.mark.shared  # also run on the real apiserver (--cluster=real)
+
 NODE = "node-1"
 WRITES = ("create", "update", "patch", "delete", "deletecollection")
 UNHEALTHY = [{"key": "fractional.dev/unhealthy", "value": "xid-79", "effect": "NoSchedule"}]
@@ -139,7 +141,9 @@ def test_node_recreated_gets_the_new_owner_uid(
     second_uid = create_node(kube_configuration)
     assert second_uid != first_uid
     result = publisher.publish(h100())
-    assert (result.updated, result.created, result.generation) == (1, 0, 1)
+    # Updated in place; or, on a real cluster, created anew: kube-controller-manager's garbage
+    # collector may already have deleted the slice that the old Node owned.
+    assert (result.updated + result.created, result.generation) == (1, 1)
     (published,) = slices(api)
     assert [owner.uid for owner in published.metadata.owner_references] == [second_uid]
 
@@ -158,7 +162,9 @@ def test_node_missing_at_first_gets_its_owner_once_it_exists(
             client.CoreV1Api(api_client).delete_node(NODE, _request_timeout=10)
         publisher.publish(h100())
     (published,) = slices(api)
-    assert [owner.uid for owner in published.metadata.owner_references] == [uid]
+    # The stale owner is kept while no garbage collector ran (the bare emulator has none); on a
+    # real cluster the collector deletes the slice of the deleted Node, and it comes back ownerless.
+    assert [owner.uid for owner in published.metadata.owner_references or ()] in ([uid], [])
     # Logged once per disappearance: at the start, and again after the delete.
     assert [r.getMessage() for r in caplog.records].count(
         "node not found; slices are published without an owner reference"

@@ -28,6 +28,8 @@ from driver.slices import (
     slice_device_names,
 )
 
+pytestmark = pytest.mark.shared  # also run on the real apiserver (--cluster=real)
+
 MIB = 1024**2
 GIB = 1024**3
 SEMVER = re.compile(r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)$")

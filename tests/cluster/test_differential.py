@@ -66,7 +66,9 @@ def test_case_names_are_unique() -> None:
 @pytest.mark.parametrize("name", sorted(BY_NAME))
 def test_emulator_answers_as_the_real_apiserver(name: str) -> None:
     recorded = _recording()
-    assert name in recorded, f"{name}: not recorded; run pytest --cluster=real --record-differential -n0 -k differential"
+    assert name in recorded, (
+        f"{name}: not recorded; run pytest --cluster=real --record-differential -n0 -k differential"
+    )
     found = differences(recorded[name], _emulator_answers(BY_NAME[name]), ignored=_ignored())
     departures = _departures()
     if name in departures:
@@ -87,7 +89,9 @@ def test_readme_states_the_measured_figure() -> None:
     identical = len(CASES) - len(_departures())
     figure = f"{identical} of {len(CASES)} cases"
     readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
-    assert figure in readme and RELEASE in readme, f"README must state the figure: {figure} (kube-apiserver {RELEASE})"
+    assert figure in readme and RELEASE in readme, (
+        f"README must state the figure: {figure} (kube-apiserver {RELEASE})"
+    )
 
 
 # -- on the real server --------------------------------------------------------------------------
@@ -102,15 +106,16 @@ def fresh_recording(request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
         version = request.getfixturevalue("_real_control_plane").version
         merged = {**_recording(DATA / f"real-{version}.json"), **answers}
         document = {"version": version, "cases": dict(sorted(merged.items()))}
-        (DATA / f"real-{version}.json").write_text(json.dumps(document, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+        (DATA / f"real-{version}.json").write_text(
+            json.dumps(document, indent=1, sort_keys=True) + "\n", encoding="utf-8"
+        )
 
 
 @pytest.mark.shared
+@pytest.mark.real_only
 @pytest.mark.parametrize("name", sorted(BY_NAME))
 def test_real_apiserver_answers_as_recorded(name: str, api_server: Any, fresh_recording: dict[str, Any],
                                             request: pytest.FixtureRequest) -> None:  # fmt: skip
-    if request.config.getoption("cluster") != "real":
-        pytest.skip("sends the corpus to the real apiserver: --cluster=real")
     pki = Path(api_server.cluster.pki_dir)
     context = ssl.create_default_context(cafile=str(pki / "ca.crt"))
     context.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))

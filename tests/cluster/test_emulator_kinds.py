@@ -70,7 +70,7 @@ def test_slice_field_selectors(resource: client.ResourceV1Api) -> None:
 
 def test_unsupported_field_label_is_bad_request(resource: client.ResourceV1Api) -> None:
     with pytest.raises(client.ApiException) as caught:
-        resource.list_resource_slice(field_selector="spec.pool.name=x")
+        resource.list_resource_slice(field_selector="spec.perDeviceNodeSelection=x")  # spec.pool.name is one
     assert caught.value.status == 400
     assert "field label not supported" in json.loads(caught.value.body)["message"]
 
@@ -390,4 +390,4 @@ def test_gated_pod_cannot_be_bound(core: client.CoreV1Api) -> None:
     )
     with pytest.raises(client.ApiException) as caught:
         core.create_namespaced_pod_binding("p", "default", binding)
-    assert caught.value.status == 403
+    assert caught.value.status == 409  # kube-apiserver: Conflict, "pod p has non-empty .spec.schedulingGates"

@@ -7,9 +7,13 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+import pytest
+
 from driver.controller import FINALIZER, HINT_ANNOTATION
 from driver.controller.model.objects import allocation_node
 from tests.controller.conftest import Cluster, RunningController, gated_pod, gpu_claim, wait_for
+
+pytestmark = pytest.mark.shared  # also run on the real apiserver (--cluster=real)
 
 
 def test_gated_pod_with_a_share_is_allocated_and_ungated(

@@ -11,6 +11,8 @@ import pytest
 from driver.controller import Controller, ReconcilerSettings
 from tests.controller.conftest import Cluster, gated_pod, gpu_claim, wait_for
 
+pytestmark = pytest.mark.shared  # also run on the real apiserver (--cluster=real)
+
 
 def with_backend(claim: dict[str, Any], backend: str) -> dict[str, Any]:
     parameters = {

@@ -17,6 +17,8 @@ from driver.controller.loop.run import run_controller
 from driver.controller.writes.writer import ApiWriter, HaltWrites
 from driver.errors import ConfigError
 
+pytestmark = pytest.mark.shared  # also run on the real apiserver (--cluster=real)
+
 
 class FakeClock:
     def __init__(self) -> None:

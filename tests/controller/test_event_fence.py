@@ -14,6 +14,8 @@ from driver.controller import Controller, HaltWrites
 from driver.controller.writes.events import EventRecorder
 from tests.controller.conftest import NAMESPACE, Cluster, gated_pod, gpu_claim, wait_for
 
+pytestmark = pytest.mark.shared  # also run on the real apiserver (--cluster=real)
+
 
 def test_a_recorder_behind_a_set_fence_posts_nothing(api_server: APIServer) -> None:
     with client.ApiClient(api_server.configuration()) as api_client:

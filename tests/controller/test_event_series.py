@@ -24,6 +24,8 @@ from tests.controller.conftest import (
     wait_for,
 )
 
+pytestmark = pytest.mark.shared  # also run on the real apiserver (--cluster=real)
+
 GANG = GangKey(f"{NAMESPACE}/train")
 MESSAGE = "gang train (2 pods) needs 2 shares of >=40Gi; no node offers any"
 

@@ -14,6 +14,8 @@ from driver.controller.model.objects import is_deleting
 from driver.controller.view.cache import Kind
 from tests.controller.conftest import NAMESPACE, Cluster, gated_pod, gpu_claim, wait_for
 
+pytestmark = pytest.mark.shared  # also run on the real apiserver (--cluster=real)
+
 GANG = 4
 WRITES = 3 * GANG  # finalizer and allocation per claim, then one gate per pod
 COMMIT = 2 * GANG + 1  # the first gate removed: from here on the gang is committed
@@ -237,7 +239,9 @@ def test_claim_of_a_bound_pod_is_kept_until_the_pod_ends(harness: Harness) -> No
     cluster.create_pod(gated_pod("marker", ["marker"]))
     wait_for(lambda: cluster.ungated("marker"), what="the marker placed")
     assert released == [] and cluster.allocated("c")
-    cluster.core.delete_namespaced_pod("p", NAMESPACE)
+    # Without grace: a bound pod stays Terminating until its kubelet says it stopped (the real
+    # apiserver waits for it; its claim must be kept meanwhile), and there is no kubelet here.
+    cluster.core.delete_namespaced_pod("p", NAMESPACE, grace_period_seconds=0)
     wait_for(lambda: cluster.claim("c") is None, what="released once its pod is gone")
 
 

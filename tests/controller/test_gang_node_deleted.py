@@ -14,6 +14,8 @@ from driver.controller.view.cache import Kind
 from tests.controller.conftest import Cluster, wait_for
 from tests.controller.test_gang_faults import Harness, gang_state, harness, make_gang
 
+pytestmark = pytest.mark.shared  # also run on the real apiserver (--cluster=real)
+
 __all__ = ["harness"]  # the fixture, imported for pytest
 
 

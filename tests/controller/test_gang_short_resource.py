@@ -10,6 +10,8 @@ import pytest
 
 from tests.controller.conftest import Cluster, RunningController, gated_pod, gpu_claim, wait_for
 
+pytestmark = pytest.mark.shared  # also run on the real apiserver (--cluster=real)
+
 
 def _unschedulable(cluster: Cluster) -> list[dict[str, Any]]:
     return [e for e in cluster.events() if e["reason"] == "GangUnschedulable"]

@@ -18,6 +18,8 @@ from kubernetes import client
 from driver.controller.model.decode import MAX_OBJECT_DEPTH, decode_json
 from tests.controller.conftest import NAMESPACE, Cluster, RunningController, gated_pod, gpu_claim, wait_for
 
+pytestmark = pytest.mark.shared  # also run on the real apiserver (--cluster=real)
+
 
 def claim_text(name: str, *, parameters_json: str, labels: dict[str, str] | None = None,
                exactly: dict[str, Any] | None = None) -> str:  # fmt: skip

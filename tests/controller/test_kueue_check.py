@@ -28,6 +28,8 @@ from driver.slices import build_device_classes, build_resource_slices
 from tests.controller.conftest import wait_for
 from tests.kueue_support import GROUP, VERSION, install_kueue_crds
 
+pytestmark = pytest.mark.shared  # also run on the real apiserver (--cluster=real)
+
 NS = "default"
 NOW = "2026-01-01T00:00:00Z"
 

@@ -19,6 +19,8 @@ from driver.controller.model.objects import GATE, HINT_ANNOTATION
 from tests.controller.conftest import Cluster, RunningController, gated_pod, gpu_claim, wait_for
 from tests.kueue_support import install_kueue_crds
 
+pytestmark = pytest.mark.shared  # also run on the real apiserver (--cluster=real)
+
 
 def _with_gates(pod: dict[str, Any], *gates: str) -> dict[str, Any]:
     pod["spec"]["schedulingGates"] = [{"name": g} for g in gates]

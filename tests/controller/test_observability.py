@@ -13,6 +13,8 @@ from driver.controller import Controller, ReconcilerSettings
 from driver.probes import ProbeServer
 from tests.controller.conftest import Cluster, RunningController, gated_pod, gpu_claim, wait_for
 
+pytestmark = pytest.mark.shared  # also run on the real apiserver (--cluster=real)
+
 
 def _get(url: str) -> tuple[int, str]:
     with urllib.request.urlopen(url, timeout=10) as response:

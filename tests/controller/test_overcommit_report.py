@@ -15,6 +15,8 @@ from driver.controller import Controller, ReconcilerSettings
 from driver.controller.sizing.overcommit import compute_overcommits
 from tests.controller.conftest import NAMESPACE, Cluster, gpu_claim, wait_for
 
+pytestmark = pytest.mark.shared  # also run on the real apiserver (--cluster=real)
+
 GI = 1 << 30
 
 

@@ -16,6 +16,8 @@ from driver.cluster.apiserver import APIServer
 from driver.controller import Controller, ReconcilerSettings, WriteRecord
 from tests.controller.conftest import Cluster, gated_pod, gpu_claim, wait_for
 
+pytestmark = pytest.mark.shared  # also run on the real apiserver (--cluster=real)
+
 WRITE_DELAY_MS = 40  # what etcd adds: a sequential path would spend 3 x 40 ms per gang
 
 

@@ -14,6 +14,8 @@ from kubernetes.utils import parse_quantity
 from driver.controller import FINALIZER, Controller, HaltWrites, ReconcilerSettings, WriteRecord
 from tests.controller.conftest import Cluster, RunningController, gated_pod, gpu_claim, wait_for
 
+pytestmark = pytest.mark.shared  # also run on the real apiserver (--cluster=real)
+
 
 def _make_gang(cluster: Cluster, name: str, pods: int, memory: str = "16Gi") -> list[str]:
     for i in range(pods):

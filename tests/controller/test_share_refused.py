@@ -29,6 +29,8 @@ from driver.plugin.status import REFUSED_REASON, build_refused_statuses
 from driver.plugin.status import ShareRefusal as AgentRefusal
 from tests.controller.conftest import NAMESPACE, Cluster, RunningController, gpu_claim, wait_for
 
+pytestmark = pytest.mark.shared  # also run on the real apiserver (--cluster=real)
+
 NODE = "node-a"
 ERROR = (
     "ResourceClaim default/{claim}: device node-a/gpu-0: memory: requested 10Gi (10737418240 bytes) with "

@@ -5,12 +5,15 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import pytest
 from kubernetes import client
 
 from driver.cluster.apiserver import APIServer
 from driver.controller.view.cache import ClusterCache, Kind
 from driver.controller.view.watch import Watcher
 from tests.controller.conftest import wait_for
+
+pytestmark = pytest.mark.shared  # also run on the real apiserver (--cluster=real)
 
 
 def _node(name: str) -> dict[str, Any]:

@@ -1,3 +1,4 @@
+# ruff: noqa: E501  # one case per entry, each kept on its own lines as a table
 """The requests compared between the emulator and the real kube-apiserver (tests/cluster/test_differential.py).
 
 Drawn from what the product, the demo and the tests send (the slices and classes our agent
@@ -39,8 +40,13 @@ GPU_CLASS, NIC_CLASS = build_device_classes()
 
 
 def claim(name: str = "share", requests: list[dict[str, Any]] | None = None, **spec: Any) -> dict[str, Any]:
-    exactly = {"deviceClassName": "gpu.fractional.dev", "capacity": {"requests": {"memory": "12Gi", "compute": "15"}}}
-    devices: dict[str, Any] = {"requests": requests if requests is not None else [{"name": "gpu", "exactly": exactly}]}
+    exactly = {
+        "deviceClassName": "gpu.fractional.dev",
+        "capacity": {"requests": {"memory": "12Gi", "compute": "15"}},
+    }
+    devices: dict[str, Any] = {
+        "requests": requests if requests is not None else [{"name": "gpu", "exactly": exactly}]
+    }
     devices.update(spec)
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
             "metadata": {"name": name, "namespace": "default"}, "spec": {"devices": devices}}  # fmt: skip
@@ -102,7 +108,11 @@ def _cases() -> list[Case]:
     cases: list[Case] = []
     add = cases.append
     ns = "/api/v1/namespaces"
-    configmap = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "held", "finalizers": ["example.com/hold"]}}
+    configmap = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "held", "finalizers": ["example.com/hold"]},
+    }
 
     # -- namespaces --------------------------------------------------------------------------------
     add(Case("namespace-created-with-empty-spec", (
@@ -131,7 +141,11 @@ def _cases() -> list[Case]:
              "a share claim of the README", ("claims",)))  # fmt: skip
     add(_claim_rule("negative-memory", "a negative capacity request", claim(requests=[
         request(capacity={"requests": {"memory": "-4Gi"}})])))  # fmt: skip
-    add(_claim_rule("no-class", "exactly without deviceClassName", claim(requests=[{"name": "gpu", "exactly": {}}])))
+    add(
+        _claim_rule(
+            "no-class", "exactly without deviceClassName", claim(requests=[{"name": "gpu", "exactly": {}}])
+        )
+    )
     add(_claim_rule("count-zero", "count must be positive", claim(requests=[request(count=0)])))
     add(_claim_rule("all-with-count", "allocationMode All takes no count",
                     claim(requests=[request(allocationMode="All", count=2)])))  # fmt: skip
@@ -139,7 +153,11 @@ def _cases() -> list[Case]:
         "name": "gpu", "exactly": {"deviceClassName": "gpu.fractional.dev"},
         "firstAvailable": [{"name": "a", "deviceClassName": "gpu.fractional.dev"}]}])))  # fmt: skip
     add(_claim_rule("bad-request-name", "a request name is a DNS label", claim(requests=[request("GPU_1")])))
-    add(_claim_rule("duplicate-request-names", "request names are unique", claim(requests=[request(), request()])))
+    add(
+        _claim_rule(
+            "duplicate-request-names", "request names are unique", claim(requests=[request(), request()])
+        )
+    )
     add(_claim_rule("cel-syntax-error", "a selector must compile", claim(requests=[
         request(selectors=[{"cel": {"expression": "device.attributes['fractional.dev'].memory >"}}])])))  # fmt: skip
     add(_claim_rule("cel-not-bool", "a selector must be a bool", claim(requests=[
@@ -287,7 +305,11 @@ def _cases() -> list[Case]:
     add(_slice_rule("too-many-devices", "at most 128 devices in a slice",
                     lambda b: b["spec"].update(devices=[{**copy.deepcopy(_first_gpu(b)), "name": f"gpu-{i}"}
                                                         for i in range(129)])))  # fmt: skip
-    add(_slice_rule("bad-device-name", "a device name is a DNS label", lambda b: _first_gpu(b).update(name="GPU 0")))
+    add(
+        _slice_rule(
+            "bad-device-name", "a device name is a DNS label", lambda b: _first_gpu(b).update(name="GPU 0")
+        )
+    )
     add(_slice_rule("bad-taint-effect", "a device taint's effect is NoSchedule, NoExecute or None",
                     lambda b: _first_gpu(b).update(taints=[{"key": "fractional.dev/unhealthy", "effect": "Never"}])))  # fmt: skip
     add(Case("slice-pool-generation-update", (
@@ -312,7 +334,9 @@ def _cases() -> list[Case]:
 
     # -- pods: the controller's writes -------------------------------------------------------------
     claims = [{"name": "gpu", "resourceClaimName": "share"}]
-    containers = [{"name": "main", "image": "registry.k8s.io/pause:3.10", "resources": {"claims": [{"name": "gpu"}]}}]
+    containers = [
+        {"name": "main", "image": "registry.k8s.io/pause:3.10", "resources": {"claims": [{"name": "gpu"}]}}
+    ]
     add(Case("pod-user-defaults", (post(PODS, pod(automount=True, resourceClaims=claims, containers=containers)),),
              "a user's pod with a claim, defaulted and admitted (service account token included)", ("pods",)))  # fmt: skip
     add(Case("pod-gate-removed", (

@@ -61,7 +61,9 @@ Send = Callable[[str, str, bytes | None, dict[str, str]], tuple[int, list[str], 
 def http_sender(base_url: str, opener: Callable[..., Any] = urllib.request.urlopen, **kwargs: Any) -> Send:
     """A ``Send`` over HTTP(S) to ``base_url`` (``kwargs`` reach ``urlopen``: the TLS context)."""
 
-    def send(method: str, path: str, body: bytes | None, headers: dict[str, str]) -> tuple[int, list[str], bytes]:
+    def send(
+        method: str, path: str, body: bytes | None, headers: dict[str, str]
+    ) -> tuple[int, list[str], bytes]:
         request = urllib.request.Request(base_url + path, data=body, method=method, headers=headers)
         try:
             with opener(request, timeout=30, **kwargs) as answer:
@@ -138,9 +140,7 @@ def normalise(value: Any, key: str = "") -> Any:
             return _normalise_table(value)
         out: dict[str, Any] = {}
         for k, v in value.items():
-            if k in _VOLATILE:
-                out[k] = "<set>"
-            elif k == "deletionTimestamp":
+            if k in _VOLATILE or k == "deletionTimestamp":
                 out[k] = "<set>"
             elif k == "managedFields":
                 out[k] = [{kk: vv for kk, vv in entry.items() if kk != "time"} for entry in v or ()]
@@ -149,7 +149,11 @@ def normalise(value: Any, key: str = "") -> Any:
             else:
                 out[k] = normalise(v, k)
         generate = out.get("generateName")
-        if isinstance(generate, str) and isinstance(out.get("name"), str) and out["name"].startswith(generate):
+        if (
+            isinstance(generate, str)
+            and isinstance(out.get("name"), str)
+            and out["name"].startswith(generate)
+        ):
             out["name"] = generate + "<generated>"
         return out
     if isinstance(value, list):

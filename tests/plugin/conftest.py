@@ -149,6 +149,15 @@ class Claims:
         requests: tuple[str, ...] = ("gpu",),
         config: list[dict[str, Any]] | None = None,
     ) -> dict[str, str]:
+        # The spec names every request the results name: a result for "gpu/small" needs a request
+        # "gpu" with a firstAvailable subrequest "small" (kube-apiserver refuses it otherwise).
+        subrequests: dict[str, list[str]] = {request: [] for request in requests}
+        for entry in results or ():
+            top, _, sub = str(entry.get("request", "gpu")).partition("/")
+            subrequests.setdefault(top, [])
+            if sub and sub not in subrequests[top]:
+                subrequests[top].append(sub)
+        exactly = {"deviceClassName": "gpu.fractional.dev"}
         body = {
             "apiVersion": "resource.k8s.io/v1",
             "kind": "ResourceClaim",
@@ -156,8 +165,10 @@ class Claims:
             "spec": {
                 "devices": {
                     "requests": [
-                        {"name": request, "exactly": {"deviceClassName": "gpu.fractional.dev"}}
-                        for request in requests
+                        {"name": request, "firstAvailable": [{"name": sub, **exactly} for sub in subs]}
+                        if subs
+                        else {"name": request, "exactly": exactly}
+                        for request, subs in subrequests.items()
                     ]
                 }
             },

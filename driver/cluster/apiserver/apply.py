@@ -90,12 +90,12 @@ def _atomic(schema: Obj) -> bool:
     )
 
 
-def fields_of(value: Any, schema: Obj, *, top: bool = False) -> Fields:
-    """The FieldsV1 tree of everything ``value`` sets."""
+def fields_of(value: Any, schema: Obj, *, top: bool = False, status: bool = False) -> Fields:
+    """The FieldsV1 tree of everything ``value`` sets (``status`` too, for a status write)."""
     if isinstance(value, dict) and not _atomic(schema):
         tree: Fields = {}
         for key, item in value.items():
-            if top and key in _IGNORED_TOP:
+            if top and key in _IGNORED_TOP and not (status and key == "status"):
                 continue
             child = _child(schema, key)
             if top and key == "metadata" and isinstance(item, dict):
@@ -320,28 +320,46 @@ def _without_managed(obj: Obj) -> Obj:
     return {**obj, "metadata": {k: v for k, v in (obj.get("metadata") or {}).items() if k != "managedFields"}}
 
 
-def record_update(rtype: ResourceType, old: Obj | None, new: Obj, *, manager: str) -> Obj:
+def record_update(
+    rtype: ResourceType, old: Obj | None, new: Obj, *, manager: str, subresource: str | None = None
+) -> Obj:
     """``new`` with ``manager`` (operation ``Update``) owning the fields this write changed, taken
     from the other managers."""
     schema = _root_schema(rtype)
-    new_paths = _flatten(fields_of(new, schema, top=True))
-    old_paths = _flatten(fields_of(old, schema, top=True)) if old is not None else set()
+    status = subresource == "status"
+    new_paths = _flatten(fields_of(new, schema, top=True, status=status))
+    old_paths = _flatten(fields_of(old, schema, top=True, status=status)) if old is not None else set()
     changed = {
         path for path in new_paths if path not in old_paths or _lookup(old, path) != _lookup(new, path)
     }
+    previous = (((old or {}).get("metadata") or {}).get("managedFields")) or []
+    sent = (new.get("metadata") or {}).get("managedFields")
+    # As kube-apiserver's field manager: managed fields a client writes (on create, or changed
+    # from the live ones) are taken as they are; otherwise the live ones carry on.
+    base = sent if sent and sent != previous else previous
     if not changed and old is not None:  # nothing of this write's own: the entries stay as they were
-        previous = (old.get("metadata") or {}).get("managedFields")
-        return {**new, "metadata": {**new["metadata"], "managedFields": previous}} if previous else new
-    entries = list(((old or {}).get("metadata") or {}).get("managedFields") or [])
-    mine = next((e for e in entries if e.get("manager") == manager and e.get("operation") == "Update"), None)
+        return {**new, "metadata": {**new["metadata"], "managedFields": base}} if base else new
+    entries = list(base)
+    mine = next(
+        (e for e in entries if e.get("manager") == manager and e.get("operation") == "Update"
+         and e.get("subresource") == subresource),
+        None,
+    )  # fmt: skip
     kept = []
     for entry in entries:
         if entry is mine:
             continue
-        remaining = (_flatten(entry.get("fieldsV1") or {}) - changed) & new_paths
+        try:
+            remaining = (_flatten(entry.get("fieldsV1") or {}) - changed) & new_paths
+        except (RecursionError, AttributeError, TypeError):  # a client's entry we cannot read: kept as sent
+            kept.append(entry)
+            continue
         if remaining:
             kept.append({**entry, "fieldsV1": _unflatten(remaining)})
     owned = ((_flatten(mine.get("fieldsV1") or {}) if mine else set()) | changed) & new_paths
     if owned:
-        kept.append(_entry(manager, "Update", rtype.api_version, _unflatten(owned)))
+        entry = _entry(manager, "Update", rtype.api_version, _unflatten(owned))
+        if subresource:
+            entry["subresource"] = subresource
+        kept.append(entry)
     return {**new, "metadata": {**new["metadata"], "managedFields": kept}} if kept else new

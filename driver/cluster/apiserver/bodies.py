@@ -167,7 +167,7 @@ def loads(raw: bytes | str) -> Any:
     return _deep_loads(text)
 
 
-def dumps(obj: Any) -> str:
+def dumps(obj: Any, *, ensure_ascii: bool = True) -> str:
     """Compact JSON; RawJSON leaves are written back verbatim."""
     nonce = secrets.token_hex(8)
     leaves: list[RawJSON] = []
@@ -178,7 +178,13 @@ def dumps(obj: Any) -> str:
             return f"@@rawjson-{nonce}-{len(leaves) - 1}@@"
         raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
-    text = json.dumps(obj, separators=(",", ":"), default=leaf)
+    text = json.dumps(obj, separators=(",", ":"), default=leaf, ensure_ascii=ensure_ascii)
     for index, value in enumerate(leaves):
         text = text.replace(json.dumps(f"@@rawjson-{nonce}-{index}@@"), value.text, 1)
     return text
+
+
+def encoded_size(obj: Any) -> int:
+    """The bytes of ``obj`` as compact UTF-8 JSON: what kube-apiserver measures of a raw extension
+    (its text as sent, where non-ASCII characters are not escaped)."""
+    return len(dumps(obj, ensure_ascii=False).encode("utf-8", errors="surrogatepass"))

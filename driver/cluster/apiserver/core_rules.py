@@ -109,7 +109,14 @@ def _check_selectors(selectors: Any, base: str, causes: Causes) -> None:
         try:
             compiled = compile_selector(expression)
         except SelectorError as error:
-            causes.append((field, f"Invalid value: {go_quote(expression)}: {error}"))
+            # cel-go's wording: "compilation failed: ERROR: <input>:1:45: ..." with its caret lines
+            text, prefix = str(error.__cause__ or ""), f"Failed to parse expression '{expression}': "
+            problem = (
+                "compilation failed: " + text[len(prefix) :].replace("\n| ", "\n | ")
+                if text.startswith(prefix)
+                else str(error)
+            )
+            causes.append((field, f"Invalid value: {go_quote(expression)}: {problem}"))
             continue
         unknown = sorted(set(compiled.program.references()["variables"]) - {"device"})
         if unknown:

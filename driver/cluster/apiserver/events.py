@@ -25,13 +25,32 @@ _BACK = {v1: core for core, v1 in _RENAMED.items()}
 _SELECTOR_FIELDS = {"regarding.": "involvedObject.", "reportingController": "reportingComponent"}
 
 
+# events.k8s.io/v1 fields Go serves even when unset (``eventTime`` and the structs), and those it omits
+# when empty (``omitempty`` strings, numbers and pointers)
+_V1_ALWAYS: dict[str, Any] = {
+    "eventTime": None,
+    "regarding": {},
+    "deprecatedSource": {},
+    "deprecatedFirstTimestamp": None,
+    "deprecatedLastTimestamp": None,
+}
+_V1_OMIT_EMPTY = frozenset(
+    {"series", "reportingController", "reportingInstance", "action", "reason", "related", "note", "type",
+     "deprecatedCount"}
+)  # fmt: skip
+
+
 def events_v1_event(event: Obj) -> Obj:
     """A stored (core/v1) Event as events.k8s.io/v1 serves it."""
     converted: Obj = {"apiVersion": "events.k8s.io/v1", "kind": "Event"}
     for key, value in event.items():
-        if key in ("apiVersion", "kind") or (value in (None, "", {}) and key in _RENAMED):
+        name = _RENAMED.get(key, key)
+        if key in ("apiVersion", "kind") or (name in _V1_OMIT_EMPTY and value in (None, "", 0)):
             continue
-        converted[_RENAMED.get(key, key)] = value
+        converted[name] = value
+    for name, unset in _V1_ALWAYS.items():
+        if converted.get(name) is None:
+            converted[name] = unset
     return converted
 
 

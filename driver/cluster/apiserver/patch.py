@@ -47,7 +47,7 @@ _MERGE_KEYS: dict[str, str | None] = {
 
 
 def _bad_patch(message: str) -> StatusError:
-    return StatusError(code=422, reason="Invalid", message=message)
+    return StatusError(code=422, reason="Invalid", message=message, empty_details=True)
 
 
 def apply_merge_patch(target: Any, patch: Any) -> Any:
@@ -231,7 +231,8 @@ def apply_json_patch(target: Any, operations: Any) -> Any:
             document = _add(document, path, value)
         elif op == "test":
             if _get(document, path) != operation["value"]:
-                raise _bad_patch(f"json patch: testing value {path} failed")
+                # kube-apiserver's answer to a failed test: the generic 422, naming nothing
+                raise _bad_patch("the server rejected our request due to an error in our request")
         else:
             raise _bad_patch(f"json patch: unsupported operation {op!r}")
     return document

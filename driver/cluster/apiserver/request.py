@@ -25,11 +25,17 @@ class RequestOptions:
     dry_run: bool = False
     field_validation: FieldValidation = FieldValidation.WARN
     field_manager: str | None = None
+    default_manager: str = ""  # who an update is recorded under without fieldManager: the user agent's
     force: bool = False
     warnings: list[str] = field(default_factory=list)
 
 
-def parse_options(query: dict[str, str]) -> RequestOptions:
+def manager_from_user_agent(user_agent: str | None) -> str:
+    """kube-apiserver's default field manager: the User-Agent up to its first "/", at most 128 bytes."""
+    return (user_agent or "").split("/", 1)[0][:128]
+
+
+def parse_options(query: dict[str, str], user_agent: str | None = None) -> RequestOptions:
     """The options of one request; 400 for values the apiserver refuses."""
     dry_run = query.get("dryRun")
     if dry_run not in (None, "", "All"):
@@ -57,5 +63,9 @@ def parse_options(query: dict[str, str]) -> RequestOptions:
         )
     force = query.get("force") in ("true", "1")
     return RequestOptions(
-        dry_run=dry_run == "All", field_validation=field_validation, field_manager=manager, force=force
+        dry_run=dry_run == "All",
+        field_validation=field_validation,
+        field_manager=manager,
+        default_manager=manager_from_user_agent(user_agent),
+        force=force,
     )

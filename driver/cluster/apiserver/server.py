@@ -56,6 +56,7 @@ from driver.cluster.apiserver.store import (
     WatchEvent,
     conflict_error,
     new_timestamp,
+    qualified_kind,
 )
 from driver.cluster.apiserver.strategy import (
     RESOURCE_TYPES,
@@ -86,6 +87,7 @@ class _Fault:
 
 
 INITIAL_NAMESPACES = ("default", "kube-node-lease", "kube-public", "kube-system")
+_IMMORTAL_NAMESPACES = frozenset({"default", "kube-public", "kube-system"})
 _NAMESPACES = ResourceType("", "v1", "namespaces", "Namespace", namespaced=False, status_subresource=True)
 _PRIORITY_CLASSES = ResourceType(
     "scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass", namespaced=False
@@ -256,7 +258,7 @@ class APIServer:
             self._record("get", route)
             code, text = pod_log(self._store.get(route.rtype, route.namespace or "", route.name or ""), query)
             return code, PlainText(text), []
-        options = parse_options(query)
+        options = parse_options(query, headers.get("User-Agent") if headers is not None else None)
         code, obj = self._dispatch(method, route, query, body, headers, options)
         if route.rtype == CRD_RESOURCE and method != "GET":
             self.custom_resources.sync()  # a CRD written: its kind served (or gone) before the answer
@@ -285,7 +287,7 @@ class APIServer:
                 listed = self._list(route, query)
                 return 200, self._as_table(
                     route, listed["items"], listed["metadata"], query, headers
-                ) or listed
+                ) or _typed_list(route.rtype, listed)
             if method == "POST":
                 self._record("create", route)
                 return 201, self._create(route, body, options)
@@ -399,11 +401,19 @@ class APIServer:
         )
 
     @staticmethod
-    def _managed(rtype: ResourceType, old: Obj | None, new: Obj, options: RequestOptions) -> Obj:
-        """A write naming a ``fieldManager`` records the fields it changed under that manager."""
-        if options.field_manager is None or rtype.plural == "provisioningrequests":
+    def _managed(
+        rtype: ResourceType,
+        old: Obj | None,
+        new: Obj,
+        options: RequestOptions,
+        subresource: str | None = None,
+    ) -> Obj:
+        """A write records the fields it changed under its manager: ``fieldManager``, else the
+        user agent's first word, as kube-apiserver does."""
+        if rtype.plural == "provisioningrequests":
             return new
-        return record_update(rtype, old, new, manager=options.field_manager)
+        manager = options.field_manager or options.default_manager
+        return record_update(rtype, old, new, manager=manager, subresource=subresource)
 
     def _apply(self, route: Route, body: Any, options: RequestOptions) -> tuple[int, Obj]:
         """Server-side apply: create when missing (201), else merge under the manager's ownership."""
@@ -474,7 +484,11 @@ class APIServer:
             route.namespace or "",
             route.name or "",
             lambda current: self._managed(
-                rtype, current, prepare(rtype, body, current, self._validate_for(options)), options
+                rtype,
+                current,
+                prepare(rtype, body, current, self._validate_for(options)),
+                options,
+                route.subresource,
             ),
             dry_run=options.dry_run,
         )
@@ -491,7 +505,11 @@ class APIServer:
             if not isinstance(patched, dict) or not isinstance(patched.get("metadata", {}), dict):
                 raise StatusError(code=422, reason="Invalid", message="patch did not produce an object")
             return self._managed(
-                rtype, current, prepare(rtype, patched, current, self._validate_for(options)), options
+                rtype,
+                current,
+                prepare(rtype, patched, current, self._validate_for(options)),
+                options,
+                route.subresource,
             )
 
         return self._store.update(
@@ -518,13 +536,19 @@ class APIServer:
                 )
             if spec.get("schedulingGates"):
                 raise StatusError(
-                    code=403,
-                    reason="Forbidden",
-                    message=f"pod {route.name} has scheduling gates; it cannot be bound",
+                    code=409,
+                    reason="Conflict",
+                    message=f'Operation cannot be fulfilled on pods/binding "{route.name}": pod {route.name} '
+                    "has non-empty .spec.schedulingGates",
+                    details={"name": route.name, "kind": "pods/binding"},
                 )
             status = dict(current.get("status") or {})
             conditions = [c for c in status.get("conditions") or [] if c.get("type") != "PodScheduled"]
-            status["conditions"] = [*conditions, {"type": "PodScheduled", "status": "True"}]
+            status["conditions"] = [
+                *conditions,
+                {"type": "PodScheduled", "status": "True", "lastProbeTime": None,
+                 "lastTransitionTime": new_timestamp()},
+            ]  # fmt: skip
             bound = {**current, "spec": {**spec, "nodeName": node}, "status": status}
             return self._validator.validate(route.rtype, bound, current, update_rules=False)
 
@@ -574,22 +598,48 @@ class APIServer:
             self._store.list_objects(_BUDGETS, namespace)[0],
             self._store.list_objects(route.rtype, namespace)[0],
         )
+        if not options.dry_run:
+            self._mark_evicted(route)
         self._delete(route, delete_options, options)
         return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
+
+    def _mark_evicted(self, route: Route) -> None:
+        """As kube-apiserver's eviction storage: a pod not yet terminal gets the DisruptionTarget
+        condition of the Eviction API before it is deleted, in place of any the client wrote."""
+
+        def mark(current: Obj) -> Obj:
+            status = dict(current.get("status") or {})
+            if status.get("phase") in ("Succeeded", "Failed"):
+                return current
+            conditions = list(status.get("conditions") or [])
+            previous = next((c for c in conditions if c.get("type") == "DisruptionTarget"), None)
+            condition = {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI",
+                         "message": "Eviction API: evicting"}  # fmt: skip
+            if previous is not None and previous.get("status") == "True":
+                condition["lastTransitionTime"] = previous.get("lastTransitionTime") or new_timestamp()
+            else:
+                condition["lastTransitionTime"] = new_timestamp()
+            conditions = [c for c in conditions if c.get("type") != "DisruptionTarget"] + [condition]
+            return {**current, "status": {**status, "conditions": conditions}}
+
+        self._store.update(route.rtype, route.namespace or "", route.name or "", mark)
 
     def _delete_namespace(self, route: Route, options: RequestOptions) -> Obj:
         """A namespace with ``spec.finalizers`` turns ``Terminating``: the namespace controller deletes
         its content, then calls ``/finalize``, after which the server removes it."""
         name = route.name or ""
+        if name in _IMMORTAL_NAMESPACES:  # the NamespaceLifecycle admission plugin's
+            raise StatusError(
+                code=403,
+                reason="Forbidden",
+                message=f'namespaces "{name}" is forbidden: this namespace may not be deleted',
+                details={"name": name, "kind": "namespaces"},
+            )
 
         def terminate(current: Obj) -> Obj:
             if current["metadata"].get("deletionTimestamp"):
                 return current
-            metadata = {
-                **current["metadata"],
-                "deletionTimestamp": new_timestamp(),
-                "deletionGracePeriodSeconds": 0,
-            }
+            metadata = {**current["metadata"], "deletionTimestamp": new_timestamp()}
             return {
                 **current,
                 "metadata": metadata,
@@ -641,7 +691,9 @@ class APIServer:
             listed = self._list(core, query)
             items = [events_v1_event(item) for item in listed["items"]]
             table = self._as_table(route, items, listed["metadata"], query, headers)
-            return 200, table or {**listed, "apiVersion": "events.k8s.io/v1", "items": items}
+            return 200, table or _typed_list(
+                route.rtype, {**listed, "apiVersion": "events.k8s.io/v1", "items": items}
+            )
         if method == "GET":
             self._record("get", route)
             obj = events_v1_event(self._store.get(_CORE_EVENTS, route.namespace or "", route.name or ""))
@@ -718,7 +770,15 @@ def _review(rtype: ResourceType, review: Obj) -> Obj:
 
 
 def _patch_options_invalid(cause: str) -> StatusError:
-    return StatusError(code=422, reason="Invalid", message=f'PatchOptions.meta.k8s.io "" is invalid: {cause}')
+    field, _, problem = cause.partition(": ")
+    reason = "FieldValueRequired" if problem.startswith("Required value") else "FieldValueInvalid"
+    return StatusError(
+        code=422,
+        reason="Invalid",
+        message=f'PatchOptions.meta.k8s.io "" is invalid: {cause}',
+        details={"group": "meta.k8s.io", "kind": "PatchOptions",
+                 "causes": [{"reason": reason, "message": problem, "field": field}]},
+    )  # fmt: skip
 
 
 def _method_not_allowed(method: str) -> StatusError:
@@ -744,6 +804,15 @@ def _require_object(body: Any) -> Obj:
 
 def _check_type(rtype: ResourceType, obj: Obj) -> None:
     api_version, kind = obj.get("apiVersion"), obj.get("kind")
+    if api_version == rtype.api_version and kind and kind != rtype.kind and _served_kind(rtype.group, kind):
+        # another kind of the same group and version: the decoder's conversion fails
+        raise StatusError(
+            code=400,
+            reason="BadRequest",
+            message=f'{kind} in version "{rtype.version}" cannot be handled as a {rtype.kind}: converting '
+            f"({rtype.version}.{kind}) to ({rtype.group.split('.')[0] or 'core'}.{rtype.kind}): "
+            "unknown conversion",
+        )
     if (api_version and api_version != rtype.api_version) or (kind and kind != rtype.kind):
         raise StatusError(
             code=400,
@@ -753,11 +822,15 @@ def _check_type(rtype: ResourceType, obj: Obj) -> None:
         )
 
 
+def _served_kind(group: str, kind: str) -> bool:
+    return any(t.group == group and t.kind == kind for t in RESOURCE_TYPES)
+
+
 def _invalid_name(rtype: ResourceType) -> StatusError:
     return StatusError(
         code=422,
         reason="Invalid",
-        message=f'{rtype.kind}.{rtype.group or "core"} "" is invalid: metadata.name: Required value: '
+        message=f'{qualified_kind(rtype)} "" is invalid: metadata.name: Required value: '
         "name or generateName is required",
     )
 
@@ -776,3 +849,12 @@ def _success_status(rtype: ResourceType, obj: Obj) -> Obj:
             "uid": metadata.get("uid"),
         },
     }
+
+
+def _typed_list(rtype: ResourceType, listed: Obj) -> Obj:
+    """A list as kube-apiserver encodes a built-in kind's: the items carry no apiVersion and kind
+    (a custom resource's list is unstructured, and its items keep both)."""
+    if isinstance(rtype, CustomResourceType):
+        return listed
+    items = [{k: v for k, v in item.items() if k not in ("apiVersion", "kind")} for item in listed["items"]]
+    return {**listed, "items": items}

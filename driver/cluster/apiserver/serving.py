@@ -4,7 +4,9 @@ a socket is written."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import hashlib
 import itertools
 import logging
 import queue
@@ -15,6 +17,8 @@ import urllib.parse
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
+
+import yaml
 
 from driver.cluster.apiserver import bodies
 from driver.cluster.apiserver.openapi import openapi_document
@@ -97,7 +101,10 @@ class Backend(Protocol):
 
 def _not_found_path() -> StatusError:
     return StatusError(
-        code=404, reason="NotFound", message="the server could not find the requested resource"
+        code=404,
+        reason="NotFound",
+        message="the server could not find the requested resource",
+        empty_details=True,
     )
 
 
@@ -138,6 +145,18 @@ def parse_route(path: str, custom: CustomLookup | None = None) -> Route | None:
     if subresource is not None and (subresource != "status" or not rtype.status_subresource):
         return None
     return Route(rtype, namespace, name, subresource)
+
+
+APPLY_YAML = "application/apply-patch+yaml"
+
+
+def _apply_yaml(raw: bytes) -> Any:
+    """A server-side apply body in YAML (kubectl sends JSON, other clients YAML, as the type says)."""
+    try:
+        loaded = yaml.safe_load(raw.decode("utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError):
+        return None
+    return loaded if isinstance(loaded, dict) else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +208,8 @@ def _resource_list(group: str, version: str, served: tuple[ResourceType, ...] = 
             entry["categories"] = categories
         if getattr(rtype, "singular", ""):  # a custom kind: the singular its CRD names
             entry["singularName"] = rtype.singular  # type: ignore[attr-defined]
+        elif not rtype.create_only:
+            entry["storageVersionHash"] = _storage_version_hash(rtype)
         resources.append(entry)
         if rtype.plural == "pods" and not rtype.group:
             for sub, sub_kind, sub_group, sub_version in (
@@ -210,12 +231,30 @@ def _resource_list(group: str, version: str, served: tuple[ResourceType, ...] = 
                 {"name": "pods/log", "singularName": "", "namespaced": True, "kind": "Pod", "verbs": ["get"]}
             )
         if rtype.status_subresource:
-            status = {key: value for key, value in entry.items() if key not in ("shortNames", "categories")}
+            status = {key: value for key, value in entry.items()
+                      if key not in ("shortNames", "categories", "storageVersionHash")}  # fmt: skip
             resources.append(
-                {**status, "name": f"{rtype.plural}/status", "verbs": ["get", "patch", "update"]}
+                {
+                    **status,
+                    "name": f"{rtype.plural}/status",
+                    "singularName": "",
+                    "verbs": ["get", "patch", "update"],
+                }
             )
+    resources.sort(key=lambda entry: str(entry["name"]))  # kube-apiserver lists them by name
     return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": f"{group}/{version}".lstrip("/"),
             "resources": resources}  # fmt: skip
+
+
+# The version each built-in kind is stored in, where it is not the one served (kube-apiserver 1.37).
+_STORAGE_VERSIONS = {("resource.k8s.io", "devicetaintrules"): "v1beta2"}
+
+
+def _storage_version_hash(rtype: ResourceType) -> str:
+    """As kube-apiserver's discovery: the first 8 bytes of sha256("group/storageVersion/Kind"), base64."""
+    version = _STORAGE_VERSIONS.get((rtype.group, rtype.plural), rtype.version)
+    digest = hashlib.sha256(f"{rtype.group}/{version}/{rtype.kind}".encode()).digest()
+    return base64.b64encode(digest[:8]).decode()
 
 
 def _group(group: str, served: tuple[ResourceType, ...] = RESOURCE_TYPES) -> Obj:
@@ -298,8 +337,12 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             body = bodies.loads(raw) if raw else None  # as deep as kube-apiserver allows
         except ValueError as error:
-            self._send_json(400, _undecodable(method, self.path, raw, error, self.server.backend).to_status())
-            return
+            body = _apply_yaml(raw) if self.headers.get("Content-Type", "").startswith(APPLY_YAML) else None
+            if body is None:
+                self._send_json(
+                    400, _undecodable(method, self.path, raw, error, self.server.backend).to_status()
+                )
+                return
         if decoded is not None:
             body = decoded
         url = urllib.parse.urlsplit(self.path)

@@ -66,6 +66,11 @@ class ResourceType:
         return f"{self.plural}.{self.group}" if self.group else self.plural
 
 
+def qualified_kind(rtype: ResourceType) -> str:
+    """The kind as apimachinery's GroupKind prints it: ``Pod``, ``ResourceSlice.resource.k8s.io``."""
+    return f"{rtype.kind}.{rtype.group}" if rtype.group else rtype.kind
+
+
 class StatusError(Exception):
     """An API failure, rendered as a ``kind: Status`` object."""
 
@@ -76,12 +81,14 @@ class StatusError(Exception):
         reason: str,
         message: str,
         details: dict[str, Any] | None = None,
+        empty_details: bool = False,  # "details": {} sent, as kube-apiserver's generic errors have it
     ) -> None:
         super().__init__(message)
         self.code = code
         self.reason = reason
         self.message = message
         self.details = details or {}
+        self.empty_details = empty_details
 
     def to_status(self) -> Obj:
         status: Obj = {
@@ -93,13 +100,20 @@ class StatusError(Exception):
             "reason": self.reason,
             "code": self.code,
         }
+        if self.empty_details and not self.details:
+            status["details"] = {}
         if self.details:
-            status["details"] = self.details
+            # Go's omitempty: an empty group (the core API) is left out, as kube-apiserver does
+            status["details"] = {k: v for k, v in self.details.items() if not (k == "group" and v == "")}
         return status
 
 
 def _details(rtype: ResourceType, name: str) -> dict[str, Any]:
-    return {"name": name, "group": rtype.group, "kind": rtype.qualified}
+    """As apimachinery's NewNotFound and kin: the kind is the resource's plural, an empty group left out."""
+    details: dict[str, Any] = {"name": name, "group": rtype.group, "kind": rtype.plural}
+    if not rtype.group:
+        del details["group"]
+    return details
 
 
 def not_found_error(rtype: ResourceType, name: str) -> StatusError:
@@ -192,8 +206,12 @@ class Watcher:
             return "MODIFIED", event.obj
         if now:
             return "ADDED", event.obj
-        if before:
-            return "DELETED", event.obj
+        if before:  # as the watch cache: the last content that matched, at the event's resourceVersion
+            version = (event.obj.get("metadata") or {}).get("resourceVersion")
+            return "DELETED", {
+                **event.previous,
+                "metadata": {**event.previous["metadata"], "resourceVersion": version},
+            }
         return None
 
 

@@ -7,7 +7,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from driver.cluster.apiserver.store import ResourceType, StatusError, conflict_error, new_timestamp
+from driver.cluster.apiserver.defaults import apply_defaults, initial_pod_status
+from driver.cluster.apiserver.store import (
+    ResourceType,
+    StatusError,
+    conflict_error,
+    new_timestamp,
+    qualified_kind,
+)
 
 __all__ = [
     "RESOURCE_TYPES",
@@ -28,7 +35,8 @@ _META = frozenset({"metadata.name", "metadata.namespace"})
 RESOURCE_TYPES: tuple[ResourceType, ...] = (
     ResourceType(
         "resource.k8s.io", "v1", "resourceslices", "ResourceSlice", namespaced=False,
-        returns_object_on_delete=True, field_labels=frozenset({"spec.nodeName", "spec.driver"}),
+        returns_object_on_delete=True,
+        field_labels=frozenset({"spec.nodeName", "spec.driver", "spec.pool.name"}),
     ),
     ResourceType("resource.k8s.io", "v1", "deviceclasses", "DeviceClass", namespaced=False,
                  returns_object_on_delete=True),
@@ -123,7 +131,7 @@ def _invalid(rtype: ResourceType, name: str, field: str, problem: str) -> Status
     return StatusError(
         code=422,
         reason="Invalid",
-        message=f'{rtype.kind}.{rtype.group or "core"} "{name}" is invalid: {field}: {problem}',
+        message=f'{qualified_kind(rtype)} "{name}" is invalid: {field}: {problem}',
         details={
             "name": name,
             "group": rtype.group,
@@ -145,13 +153,28 @@ def _check_reserved_finalizer(rtype: ResourceType, obj: Obj, old: Obj | None) ->
         )  # fmt: skip
 
 
+# Built-in kinds whose registry strategy keeps no metadata.generation (kube-apiserver 1.37: the
+# differential corpus's recording); every other kind, custom resources included, counts spec changes.
+_NO_GENERATION = frozenset({
+    ("resource.k8s.io", "resourceclaims"), ("resource.k8s.io", "resourceclaimtemplates"),
+    ("", "namespaces"), ("", "nodes"), ("", "events"), ("", "configmaps"), ("", "podtemplates"),
+    ("coordination.k8s.io", "leases"), ("events.k8s.io", "events"), ("scheduling.k8s.io", "priorityclasses"),
+})  # fmt: skip
+
+
+def tracks_generation(rtype: ResourceType) -> bool:
+    return (rtype.group, rtype.plural) not in _NO_GENERATION
+
+
 def prepare_create(rtype: ResourceType, obj: Obj, validate: Validate) -> Obj:
     """Complete a stamped new object the way the kind's registry strategy does, then validate it."""
-    obj = {**obj, "apiVersion": rtype.api_version, "kind": rtype.kind}
+    obj = apply_defaults(rtype, {**obj, "apiVersion": rtype.api_version, "kind": rtype.kind})
+    if not tracks_generation(rtype):
+        obj["metadata"] = {k: v for k, v in obj["metadata"].items() if k != "generation"}
     if rtype.plural in _STATUS_RESET_ON_CREATE or getattr(rtype, "status_reset_on_create", False):
         obj.pop("status", None)
     elif rtype.plural == "pods":
-        obj["status"] = {"phase": "Pending"}
+        obj["status"] = initial_pod_status(obj)
     elif rtype.plural == "namespaces":
         defaults = build_namespace(obj["metadata"]["name"])
         labels = {**(obj["metadata"].get("labels") or {}), **defaults["metadata"]["labels"]}
@@ -167,7 +190,8 @@ def prepare_create(rtype: ResourceType, obj: Obj, validate: Validate) -> Obj:
         obj = _default_job(obj)
     elif rtype.plural in ("deployments", "replicasets"):
         obj = {**obj, "spec": {"replicas": 1, **(obj.get("spec") or {})}}
-    _check_reserved_finalizer(rtype, obj, None)
+    # No reserved-finalizer check on create: kube-apiserver 1.37.2 accepts a claim created with
+    # resource.kubernetes.io/delete-protection (the differential corpus's claim-reserved-finalizer).
     return validate(rtype, obj, None)
 
 
@@ -222,13 +246,15 @@ def prepare_update(rtype: ResourceType, body: Obj, current: Obj, validate: Valid
             metadata[owned] = old_metadata[owned]
         else:
             metadata.pop(owned, None)
-    new = {**body, "apiVersion": rtype.api_version, "kind": rtype.kind, "metadata": metadata}
+    new = apply_defaults(
+        rtype, {**body, "apiVersion": rtype.api_version, "kind": rtype.kind, "metadata": metadata}
+    )
     if rtype.status_subresource:
         if "status" in current:
             new["status"] = current["status"]
         else:
             new.pop("status", None)
-    if _content(new) != _content(current):
+    if _content(new) != _content(current) and tracks_generation(rtype):
         metadata["generation"] = int(old_metadata.get("generation", 1)) + 1
     if old_metadata.get("deletionTimestamp"):
         added = set(metadata.get("finalizers") or []) - set(old_metadata.get("finalizers") or [])
@@ -250,4 +276,9 @@ def prepare_status_update(rtype: ResourceType, body: Obj, current: Obj, validate
         new["status"] = body["status"]
     else:
         new.pop("status", None)
+    new = apply_defaults(rtype, new)
+    if rtype.plural == "pods" and rtype.group == "" and not (new.get("status") or {}).get("qosClass"):
+        qos = (current.get("status") or {}).get("qosClass")  # kept, as the pod status strategy does
+        if qos:
+            new["status"] = {**(new.get("status") or {}), "qosClass": qos}
     return validate(rtype, new, current)

@@ -283,23 +283,28 @@ def _node_cells(node: Obj, now: datetime.datetime) -> list[Any]:
 def _event_cells(event: Obj, now: datetime.datetime) -> list[Any]:
     involved = event.get("involvedObject") or {}
     first = event.get("firstTimestamp") or event.get("eventTime")
-    last = event.get("lastTimestamp") or (event.get("series") or {}).get("lastObservedTime") or first
+    last = event.get("lastTimestamp") or first
+    series = event.get("series")
+    if series is not None:  # a series counts and dates its own occurrences
+        last = (series or {}).get("lastObservedTime")
+        count = (series or {}).get("count") or 0
+    else:
+        count = event.get("count") or 0
     source = event.get("source") or {}
     component = source.get("component") or event.get("reportingComponent") or ""
     host = source.get("host") or event.get("reportingInstance") or ""
     origin = f"{component}, {host}" if host else component
-    count = event.get("count") or (event.get("series") or {}).get("count") or 1
     kind = str(involved.get("kind", "")).lower()
     return [
         _since(last, now),
         event.get("type", ""),
         event.get("reason", ""),
-        f"{kind}/{involved.get('name', '')}",
+        f"{kind}/{involved['name']}" if involved.get("name") else kind,
         involved.get("fieldPath", ""),
         origin,
         str(event.get("message", "")).strip(),
         _since(first, now),
-        str(count),
+        int(count),
         event["metadata"]["name"],
     ]
 

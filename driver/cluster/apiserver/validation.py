@@ -15,7 +15,7 @@ from driver.cluster.apiserver.core_rules import check_core_rules
 from driver.cluster.apiserver.request import FieldValidation
 from driver.cluster.apiserver.rules import check_rules, drop_disabled_fields
 from driver.cluster.apiserver.schema import SCHEMA_VERSION, SchemaViolation, schema_check
-from driver.cluster.apiserver.store import ResourceType, StatusError
+from driver.cluster.apiserver.store import ResourceType, StatusError, qualified_kind
 
 __all__ = ["SCHEMA_VERSION", "ObjectValidator", "format_path", "invalid_error", "schema_file"]
 
@@ -72,10 +72,12 @@ def cause_reason(problem: str) -> str:
 def invalid_error(rtype: ResourceType, name: str, causes: list[tuple[str, str]]) -> StatusError:
     """422 Invalid naming each (field, problem), in the apiserver's wording."""
     summary = ", ".join(f"{field}: {problem}" for field, problem in causes)
+    if len(causes) > 1:  # apimachinery's aggregate of several causes prints as a list
+        summary = f"[{summary}]"
     return StatusError(
         code=422,
         reason="Invalid",
-        message=f'{rtype.kind}.{rtype.group or "core"} "{name}" is invalid: {summary}',
+        message=f'{qualified_kind(rtype)} "{name}" is invalid: {summary}',
         details={
             "name": name,
             "group": rtype.group,
