@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # The image `make image` builds (podman stores it as localhost/$(IMAGE)); the chart and kind use it.
 IMAGE ?= fractional-dra:dev
 
-.PHONY: demo test lint actionlint bench proto image image-test cluster-up cluster-down e2e kind-up kind-e2e kind-down clean
+.PHONY: demo test test-real lint actionlint bench proto image image-test cluster-up cluster-down e2e kind-up kind-e2e kind-down clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -20,6 +20,11 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest
+
+# The tests marked shared, on the real control plane (etcd, kube-apiserver, kube-controller-manager
+# of hack/localcluster, K8S_VERSION) instead of the emulator, and the differential corpus sent to it.
+test-real: $(STAMP)
+	$(PY) -m pytest --cluster=real -n0 $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check driver tests bench hack

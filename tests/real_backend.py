@@ -37,6 +37,51 @@ STATE_DIR = Path(os.environ.get("FRACTIONAL_REAL_STATE_DIR", "/tmp/fractional-re
 _SKIPPED_TYPES = {("", "namespaces"), ("", "componentstatuses"), ("", "bindings")}
 
 
+# Tests marked shared that do not pass on the real control plane yet, each with what is known of
+# why. On --cluster=real they run as expected failures (a pass is reported, not an error), so the
+# list shrinks as they are fixed; on the emulator they run as usual.
+KNOWN_ON_REAL: dict[str, str] = {
+    "tests/controller/test_gang_faults.py": (
+        "in a whole run of this file about three of its 71 cases time out waiting for the gang to "
+        "end whole or released after a kill or a deletion, different ones each run; each passes alone "
+        "(and threads of the previous case are joined before the next starts): not yet diagnosed, a "
+        "race in the controller under the real watch latency or a wait too short for it"
+    ),
+    "tests/controller/test_recovery.py::test_restart_mid_gang_converges_with_nothing_half_done": (
+        "as tests/controller/test_gang_faults.py: a restart's convergence sometimes exceeds the wait"
+    ),
+    "tests/controller/test_kueue_cooperation.py::test_no_provisioning_request_of_ours_where_kueue_provisions": (  # noqa: E501
+        "needs the ProvisioningRequest CRD of cluster-autoscaler, which a bare control plane does not serve"
+    ),
+    "tests/controller/test_observability.py::test_provisioning_request_for_an_unfit_gang": (
+        "needs the ProvisioningRequest CRD of cluster-autoscaler, which a bare control plane does not serve"
+    ),
+    "tests/controller/test_share_refused.py": (
+        "the pods name owners that do not exist (a ReplicaSet by a made-up uid), and the real garbage "
+        "collector deletes them before the controller acts; the tests need real owner objects"
+    ),
+}
+# Too slow to run there: minutes on the real apiserver (hundreds of hostile objects, each cleaned up).
+SKIPPED_ON_REAL = {
+    "tests/controller/test_hostile.py::test_hostile_claims_never_stop_the_good_ones": (
+        "six minutes on the real apiserver; it runs on the emulator in every make test"
+    ),
+}
+
+
+def known_on_real(nodeid: str, table: dict[str, str]) -> str | None:
+    """The reason ``nodeid`` (parameters left out) is listed in ``table``, if it is."""
+    base = nodeid.split("[", 1)[0]
+    for prefix, reason in table.items():
+        if (
+            base == prefix
+            or base.startswith(prefix + "::")
+            or (prefix.endswith(".py") and base.startswith(prefix))
+        ):
+            return reason
+    return None
+
+
 def _localcluster() -> Any:
     hack = str(REPO_ROOT / "hack")
     if hack not in sys.path:

@@ -39,6 +39,8 @@ from kubernetes import client
 
 from driver.errors import FractionalError, NotFoundError, TransientError
 from driver.kube import REQUEST_TIMEOUT_SECONDS, api_errors, as_dict, new_api_client
+from driver.kube.client import get_json
+from driver.kube.transport import JsonSender
 from driver.plugin.proto_gen import (
     dra_health_v1alpha1_pb2,
     dra_health_v1alpha1_pb2_grpc,
@@ -301,34 +303,31 @@ class NodeStatusReporter:
                 cast(Any, {**node, "status": status}),
                 _request_timeout=REQUEST_TIMEOUT_SECONDS,
             )
-        self._renew_lease(client.CoordinationV1Api(api_client), node, now.strftime("%Y-%m-%dT%H:%M:%S.%fZ"))
+        self._renew_lease(api_client, node, now.strftime("%Y-%m-%dT%H:%M:%S.%fZ"))
 
-    def _renew_lease(
-        self, coordination: client.CoordinationV1Api, node: dict[str, Any], renew_time: str
-    ) -> None:
+    def _renew_lease(self, api_client: client.ApiClient, node: dict[str, Any], renew_time: str) -> None:
+        """Read and write the Lease as JSON: the typed client would turn its MicroTimes into
+        datetimes and back with isoformat(), dropping a zero microsecond part, which
+        kube-apiserver refuses."""
         what = f"Lease {NODE_LEASE_NAMESPACE}/{self.node_name}"
+        sender = JsonSender(api_client)
+        leases = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+        params = {"namespace": NODE_LEASE_NAMESPACE, "name": self.node_name}
         try:
-            with api_errors(f"get {what}"):
-                previous = as_dict(
-                    coordination.read_namespaced_lease(
-                        self.node_name, NODE_LEASE_NAMESPACE, _request_timeout=REQUEST_TIMEOUT_SECONDS
-                    )
+            try:
+                previous = get_json(
+                    api_client,
+                    f"{leases}/{self.node_name}".format(namespace=NODE_LEASE_NAMESPACE),
+                    what=f"get {what}",
                 )
-        except NotFoundError:
-            with api_errors(f"create {what}"):
-                coordination.create_namespaced_lease(
-                    NODE_LEASE_NAMESPACE,
-                    cast(Any, build_node_lease(node, renew_time=renew_time)),
-                    _request_timeout=REQUEST_TIMEOUT_SECONDS,
-                )
-            return
-        with api_errors(f"renew {what}"):
-            coordination.replace_namespaced_lease(
-                self.node_name,
-                NODE_LEASE_NAMESPACE,
-                cast(Any, build_node_lease(node, renew_time=renew_time, previous=previous)),
-                _request_timeout=REQUEST_TIMEOUT_SECONDS,
-            )
+            except NotFoundError:
+                lease = build_node_lease(node, renew_time=renew_time)
+                sender.send_json("POST", leases, params, lease, what=f"create {what}")
+                return
+            lease = build_node_lease(node, renew_time=renew_time, previous=previous)
+            sender.send_json("PUT", leases + "/{name}", params, lease, what=f"renew {what}")
+        finally:
+            sender.close()
 
     def _run(self, api_client: client.ApiClient) -> None:
         try:

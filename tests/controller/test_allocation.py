@@ -149,6 +149,25 @@ def test_unfit_gang_gets_one_event_and_a_hint_that_really_fits(
     assert not any(HINT_ANNOTATION in (cluster.pod(n)["metadata"].get("annotations") or {}) for n in names)
 
 
+def test_a_joining_node_tainted_not_ready_is_not_named_as_the_best_offer(
+    cluster: Cluster, controller: Callable[..., RunningController]
+) -> None:
+    """A Node is created tainted node.kubernetes.io/not-ready (kube-apiserver's admission) until its
+    kubelet reports: seen on the real apiserver, where a gang's Event named such a node as its best
+    offer although the planner rightly kept the gang off it."""
+    cluster.add_node("node-a", "l4-2x")
+    cluster.add_node("joining", "h100-8x")  # room for the whole gang, but not ready
+    cluster.core.patch_node(
+        "joining", {"spec": {"taints": [{"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}]}}
+    )
+    names = _gang(cluster, "train", 4)
+    controller()
+    (event,) = wait_for(lambda: _unschedulable_events(cluster), what="the gang's Event")
+    assert "best node node-a offers room for 2 of 4 pods" in event["message"], event["message"]
+    assert "joining" not in event["message"]
+    assert not any(cluster.allocated(n) for n in names)
+
+
 def test_deleted_claim_releases_its_share_and_goes_away(
     cluster: Cluster, controller: Callable[..., RunningController]
 ) -> None:

@@ -408,6 +408,13 @@ def _cases() -> list[Case]:
              "resourceVersion": "{rv:0}"}, "spec": {"holderIdentity": "c", "leaseDurationSeconds": 15}}),
     ), "leader election: the second stale write loses", ("leases", "conflicts")))  # fmt: skip
 
+    add(Case("lease-microtime-whole-second", (
+        post(leases, {**lease, "spec": {**lease["spec"], "renewTime": "2026-01-01T00:16:40+00:00"}}),
+        post(leases, {**lease, "metadata": {"name": "micro"},
+                      "spec": {**lease["spec"], "renewTime": "2026-01-01T00:16:40.000000Z"}}),
+    ), "a MicroTime needs its six fractional digits (what Python's isoformat drops at a whole second)",
+        ("leases", "validation")))  # fmt: skip
+
     # -- server-side apply ------------------------------------------------------------------------
     def apply_claim(labels: dict[str, str]) -> str:
         return ("apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata:\n  name: share\n  labels:\n"

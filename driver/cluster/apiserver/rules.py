@@ -1083,11 +1083,36 @@ def _check_class(spec: Obj, causes: Causes) -> None:
             _device_configuration(_map(config), f"spec.config[{index}]", causes)
 
 
+_MICRO_TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}(Z|[+-]\d\d:\d\d)$")
+_MICRO_LAYOUT = "2006-01-02T15:04:05.000000Z07:00"
+
+
+def check_micro_times(rtype: ResourceType, obj: Obj) -> None:
+    """Raise 400 for a Lease time that is no metav1.MicroTime: Go parses it with exactly six
+    fractional digits, so a whole second written by Python's isoformat() is refused."""
+    if (rtype.group, rtype.plural) != ("coordination.k8s.io", "leases"):
+        return
+    spec = _map(obj.get("spec"))
+    for name in ("acquireTime", "renewTime"):
+        value = spec.get(name)
+        if not isinstance(value, str) or _MICRO_TIME.match(value):
+            continue
+        rest = value[19:] if len(value) > 19 else value
+        raise StatusError(
+            code=400,
+            reason="BadRequest",
+            message=f'{rtype.kind} in version "{rtype.version}" cannot be handled as a {rtype.kind}: parsing '
+            f'time {go_quote(value)} as "{_MICRO_LAYOUT}": cannot parse {go_quote(rest)} as ".000000"',
+        )
+
+
 def check_rules(rtype: ResourceType, obj: Obj, old: Obj | None) -> Causes:
     """(field, problem) for every broken rule; empty when the object is acceptable. A quantity that
-    does not parse raises 400 (:func:`check_decodable`) before any rule."""
+    does not parse raises 400 (:func:`check_decodable`) before any rule, as does a Lease time that
+    is no MicroTime (:func:`check_micro_times`)."""
     if rtype.group == "resource.k8s.io":
         check_decodable(rtype, obj)
+    check_micro_times(rtype, obj)
     causes: Causes = []
     check_metadata(rtype, obj, causes)
     spec = obj.get("spec") or {}
