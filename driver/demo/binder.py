@@ -29,6 +29,7 @@ from driver.cluster.apiserver.store import new_timestamp
 from driver.cluster.kubelet import pod_status
 from driver.errors import ConflictError, NotFoundError
 from driver.kube import REQUEST_TIMEOUT_SECONDS, api_errors, as_dict, new_api_client
+from driver.kube.transport import JsonSender
 
 __all__ = [
     "CANNOT_ALLOCATE",
@@ -315,10 +316,15 @@ class PodBinder:
         event = build_failed_scheduling_event(
             pod, message, now=now, reporting_instance=self._reporting_instance
         )
-        with api_errors(f"create Event for Pod {namespace}/{name}"):
-            client.EventsV1Api(core.api_client).create_namespaced_event(
-                namespace, cast(Any, event), _request_timeout=REQUEST_TIMEOUT_SECONDS
-            )
+        # As JSON: the typed client would write eventTime back through isoformat(), dropping a zero
+        # microsecond part, and kube-apiserver refuses a MicroTime without one.
+        sender = JsonSender(core.api_client)
+        try:
+            path = "/apis/events.k8s.io/v1/namespaces/{namespace}/events"
+            what = f"create Event for Pod {namespace}/{name}"
+            sender.send_json("POST", path, {"namespace": namespace}, event, what=what)
+        finally:
+            sender.close()
         self._unschedulable[uid] = message
         log.info("pod unschedulable", extra={"pod": f"{namespace}/{name}", "reason": message})
 
