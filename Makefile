@@ -23,8 +23,12 @@ test: $(STAMP)
 
 # The tests marked shared, on the real control plane (etcd, kube-apiserver, kube-controller-manager
 # of hack/localcluster, K8S_VERSION) instead of the emulator, and the differential corpus sent to it.
+# A shared 2-core machine can starve one case past its deadline: the failed ones run once more (as
+# in make e2e), and a case that fails twice fails the run.
 test-real: $(STAMP)
-	$(PY) -m pytest --cluster=real -n0 $(PYTEST_ARGS)
+	$(PY) -m pytest --cluster=real -n0 $(PYTEST_ARGS) || { \
+	  echo "test-real: some cases failed; running the failed ones once more"; \
+	  $(PY) -m pytest --cluster=real -n0 --last-failed --last-failed-no-failures none $(PYTEST_ARGS); }
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check driver tests bench hack
