@@ -154,11 +154,12 @@ def test_a_joining_node_tainted_not_ready_is_not_named_as_the_best_offer(
 ) -> None:
     """A Node is created tainted node.kubernetes.io/not-ready (kube-apiserver's admission) until its
     kubelet reports: seen on the real apiserver, where a gang's Event named such a node as its best
-    offer although the planner rightly kept the gang off it."""
+    offer although the planner rightly kept the gang off it. Here a taint of our own stands for it:
+    a real kube-controller-manager lifts not-ready from a Node that has no kubelet condition."""
     cluster.add_node("node-a", "l4-2x")
-    cluster.add_node("joining", "h100-8x")  # room for the whole gang, but not ready
+    cluster.add_node("joining", "h100-8x")  # room for the whole gang, but not schedulable yet
     cluster.core.patch_node(
-        "joining", {"spec": {"taints": [{"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}]}}
+        "joining", {"spec": {"taints": [{"key": "example.com/joining", "effect": "NoSchedule"}]}}
     )
     names = _gang(cluster, "train", 4)
     controller()
