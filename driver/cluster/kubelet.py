@@ -315,11 +315,7 @@ class NodeStatusReporter:
         params = {"namespace": NODE_LEASE_NAMESPACE, "name": self.node_name}
         try:
             try:
-                previous = get_json(
-                    api_client,
-                    f"{leases}/{self.node_name}".format(namespace=NODE_LEASE_NAMESPACE),
-                    what=f"get {what}",
-                )
+                previous = get_json(api_client, (leases + "/{name}").format(**params), what=f"get {what}")
             except NotFoundError:
                 lease = build_node_lease(node, renew_time=renew_time)
                 sender.send_json("POST", leases, params, lease, what=f"create {what}")

@@ -11,8 +11,8 @@ The real server's answers to every case are recorded in ``tests/data/differentia
 
 from __future__ import annotations
 
+import functools
 import json
-import ssl
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,7 @@ DEPARTURES = DATA / "departures.yaml"
 BY_NAME = {case.name: case for case in CASES}
 
 
+@functools.cache
 def _recording(path: Path = RECORDING) -> dict[str, Any]:
     if not path.exists():
         return {}
@@ -39,6 +40,7 @@ def _recording(path: Path = RECORDING) -> dict[str, Any]:
     return cases
 
 
+@functools.cache
 def _listed() -> dict[str, dict[str, str]]:
     loaded: dict[str, dict[str, str]] = yaml.safe_load(DEPARTURES.read_text(encoding="utf-8")) or {}
     return loaded
@@ -116,10 +118,7 @@ def fresh_recording(request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
 @pytest.mark.parametrize("name", sorted(BY_NAME))
 def test_real_apiserver_answers_as_recorded(name: str, api_server: Any, fresh_recording: dict[str, Any],
                                             request: pytest.FixtureRequest) -> None:  # fmt: skip
-    pki = Path(api_server.cluster.pki_dir)
-    context = ssl.create_default_context(cafile=str(pki / "ca.crt"))
-    context.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
-    answers = run_case(BY_NAME[name], http_sender(api_server.url, context=context))
+    answers = run_case(BY_NAME[name], http_sender(api_server.url, context=api_server.tls_context()))
     fresh_recording[name] = answers
     if request.config.getoption("record_differential"):
         return

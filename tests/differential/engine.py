@@ -133,7 +133,7 @@ def _warning_text(header: str) -> str:
     return match.group(1).replace('\\"', '"').replace("\\\\", "\\") if match else header
 
 
-def normalise(value: Any, key: str = "") -> Any:
+def normalise(value: Any) -> Any:
     """``value`` with what differs between any two servers replaced by markers."""
     if isinstance(value, dict):
         if value.get("kind") == "Table" and "columnDefinitions" in value:
@@ -147,7 +147,7 @@ def normalise(value: Any, key: str = "") -> Any:
             elif k == "continue":
                 out[k] = "<token>" if v else v
             else:
-                out[k] = normalise(v, k)
+                out[k] = normalise(v)
         generate = out.get("generateName")
         if (
             isinstance(generate, str)
@@ -157,7 +157,7 @@ def normalise(value: Any, key: str = "") -> Any:
             out["name"] = generate + "<generated>"
         return out
     if isinstance(value, list):
-        return [normalise(item, key) for item in value]
+        return [normalise(item) for item in value]
     if isinstance(value, str) and _TIME.match(value):
         return "<time>"
     if isinstance(value, str) and _GENERATED_VOLUME.match(value):

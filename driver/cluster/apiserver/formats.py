@@ -123,11 +123,16 @@ def dns_label_problems(value: Any) -> list[str]:
     """apimachinery's ``IsDNS1123Label`` as ``field.Invalid`` messages (Required when empty)."""
     if not isinstance(value, str) or not value:
         return ["Required value"]
+    return _label_shaped(value, _DNS_LABEL, _LABEL_MESSAGE)
+
+
+def _label_shaped(value: str, pattern: re.Pattern[str], message: str) -> list[str]:
+    """At most 63 characters and matching ``pattern``: apimachinery's label-sized checks."""
     problems = []
     if len(value) > 63:
         problems.append(f"Invalid value: {go_quote(value)}: must be no more than 63 characters")
-    if not _DNS_LABEL.fullmatch(value):
-        problems.append(f"Invalid value: {go_quote(value)}: {_LABEL_MESSAGE}")
+    if not pattern.fullmatch(value):
+        problems.append(f"Invalid value: {go_quote(value)}: {message}")
     return problems
 
 
@@ -187,12 +192,7 @@ def label_name(value: str) -> list[str]:
 
 def label_value_problems(value: str) -> list[str]:
     """apimachinery's ``IsValidLabelValue`` as ``field.Invalid`` messages."""
-    problems = []
-    if len(value) > 63:
-        problems.append(f"Invalid value: {go_quote(value)}: must be no more than 63 characters")
-    if not _LABEL_VALUE.fullmatch(value):
-        problems.append(f"Invalid value: {go_quote(value)}: {_LABEL_VALUE_MESSAGE}")
-    return problems
+    return _label_shaped(value, _LABEL_VALUE, _LABEL_VALUE_MESSAGE)
 
 
 def go_value(value: Any) -> str:

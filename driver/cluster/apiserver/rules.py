@@ -50,6 +50,7 @@ _ATTRIBUTE_VALUE_FIELDS = ("int", "bool", "string", "version", "ints", "bools", 
 _TAINT_EFFECTS = ("NoExecute", "NoSchedule", "None")  # sorted, as sets.List prints them
 _TOLERATION_OPERATORS = ("Equal", "Exists")
 _ALLOCATION_MODES = ("All", "ExactCount")
+_CONSTRAINT_ATTRIBUTES = ("matchAttribute", "distinctAttribute")
 _NODE_SELECTION = ("nodeName", "nodeSelector", "allNodes", "perDeviceNodeSelection")
 _REQUEST_REF = (
     "must be the name of a request in the claim or the name of a request and a subrequest separated by '/'"
@@ -355,6 +356,13 @@ def _device_configuration(config: Obj, base: str, causes: Causes) -> None:
         return
     _each(f"{base}.opaque.driver", driver_name(opaque.get("driver")), causes)
     _opaque_parameters(opaque.get("parameters"), f"{base}.opaque.parameters", causes)
+
+
+def _request_refs(refs: list[Any], field: str, names: dict[str, set[str] | None], causes: Causes) -> None:
+    """A constraint's or a config's ``requests``: each a request of the claim, none twice."""
+    for index, ref in enumerate(refs):
+        _request_ref(ref, f"{field}[{index}]", names, causes)
+    _duplicates(refs, lambda r: r, field, go_value, causes)
 
 
 def _request_ref(name: Any, field: str, names: dict[str, set[str] | None], causes: Causes) -> None:
@@ -934,18 +942,12 @@ def _check_claim_spec(spec: Obj, base: str, causes: Causes) -> None:
         for index, constraint in enumerate(constraints):
             constraint = _map(constraint)
             constraint_field = f"{base}.devices.constraints[{index}]"
-            refs = constraint.get("requests") or []
-            for ref_index, ref in enumerate(refs):
-                _request_ref(ref, f"{constraint_field}.requests[{ref_index}]", names, causes)
-            _duplicates(refs, lambda r: r, f"{constraint_field}.requests", go_value, causes)
-            if constraint.get("matchAttribute") is not None:
-                _fully_qualified_name(
-                    str(constraint["matchAttribute"]), f"{constraint_field}.matchAttribute", causes
-                )
-            elif constraint.get("distinctAttribute") is not None:
-                _fully_qualified_name(
-                    str(constraint["distinctAttribute"]), f"{constraint_field}.distinctAttribute", causes
-                )
+            _request_refs(constraint.get("requests") or [], f"{constraint_field}.requests", names, causes)
+            attribute = next(
+                (k for k in ("matchAttribute", "distinctAttribute") if constraint.get(k) is not None), None
+            )
+            if attribute is not None:
+                _fully_qualified_name(str(constraint[attribute]), f"{constraint_field}.{attribute}", causes)
             else:
                 causes.append(
                     (
@@ -959,10 +961,7 @@ def _check_claim_spec(spec: Obj, base: str, causes: Causes) -> None:
         for index, config in enumerate(configs):
             config = _map(config)
             config_field = f"{base}.devices.config[{index}]"
-            refs = config.get("requests") or []
-            for ref_index, ref in enumerate(refs):
-                _request_ref(ref, f"{config_field}.requests[{ref_index}]", names, causes)
-            _duplicates(refs, lambda r: r, f"{config_field}.requests", go_value, causes)
+            _request_refs(config.get("requests") or [], f"{config_field}.requests", names, causes)
             _device_configuration(config, config_field, causes)
 
 
