@@ -32,6 +32,9 @@ ACCEPTS = {
 }
 _TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z$")
 _GENERATED_VOLUME = re.compile(r"^kube-api-access-[a-z0-9]{5}$")  # the ServiceAccount admission's volume
+# Written by kube-controller-manager's controllers at a moment of their own (the TTL controller on
+# every Node): present in one answer, absent in the next, so no answer is judged by them.
+_CONTROLLER_ANNOTATIONS = frozenset({"node.alpha.kubernetes.io/ttl"})
 _VOLATILE = {"uid", "resourceVersion", "creationTimestamp", "selfLink"}
 _AGE_COLUMNS = {"Age", "Last Seen", "First Seen"}
 
@@ -148,6 +151,13 @@ def normalise(value: Any) -> Any:
                 out[k] = "<token>" if v else v
             else:
                 out[k] = normalise(v)
+        annotations = out.get("annotations")
+        if isinstance(annotations, dict) and _CONTROLLER_ANNOTATIONS & set(annotations):
+            kept = {k: v for k, v in annotations.items() if k not in _CONTROLLER_ANNOTATIONS}
+            if kept:
+                out["annotations"] = kept
+            else:
+                del out["annotations"]
         generate = out.get("generateName")
         if (
             isinstance(generate, str)
