@@ -74,14 +74,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if left:
         config.hook.pytest_deselected(items=left)
         items[:] = kept
-    if real:
-        from tests.real_backend import KNOWN_ON_REAL, SKIPPED_ON_REAL, known_on_real
-
-        for item in items:
-            if reason := known_on_real(item.nodeid, SKIPPED_ON_REAL):
-                item.add_marker(pytest.mark.skip(reason=reason))
-            elif reason := known_on_real(item.nodeid, KNOWN_ON_REAL):
-                item.add_marker(pytest.mark.xfail(reason=f"on the real apiserver: {reason}", strict=False))
 
 
 @pytest.fixture(scope="session")

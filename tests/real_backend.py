@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import pytest
+import yaml
 from kubernetes import client, config
 
 from driver.cluster.apiserver import bodies
@@ -31,55 +32,20 @@ from tests.differential.engine import http_sender
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 STATE_DIR = Path(os.environ.get("FRACTIONAL_REAL_STATE_DIR", "/tmp/fractional-real-apiserver"))
+# No kubelet ever reports on the tests' Nodes. kube-controller-manager's node-lifecycle controller
+# keeps each Node's health by name and forgets a deleted one only at its next 5 s pass: a Node the
+# next test makes under the same name within that window inherits the old record, and is tainted
+# node.kubernetes.io/unreachable at once when that record is older than the grace period (60 s by
+# default). Seen as gangs held with "no node offers any" in random cases of a long run. Two hours of
+# grace keeps every such Node healthy for a session, as the emulator's are; the not-ready taint that
+# admission puts on a new Node is still lifted by that controller within about 2 s.
+CONTROL_PLANE_ARGS = {
+    "kube-controller-manager": ["--node-monitor-grace-period=2h", "--node-startup-grace-period=2h"],
+}
+# Custom resources the controller uses that no component of the bare control plane serves.
+DEFINITIONS = (REPO_ROOT / "tests" / "data" / "autoscaler" / "provisioningrequests.yaml",)
 # Listed by the namespace that holds them, never deleted one by one.
 _SKIPPED_TYPES = {("", "namespaces"), ("", "componentstatuses"), ("", "bindings")}
-
-
-# Tests marked shared that do not pass on the real control plane yet, each with what is known of
-# why. On --cluster=real they run as expected failures (a pass is reported, not an error), so the
-# list shrinks as they are fixed; on the emulator they run as usual.
-KNOWN_ON_REAL: dict[str, str] = {
-    "tests/controller/test_gang_faults.py": (
-        "in a whole run of this file about three of its 71 cases time out waiting for the gang to "
-        "end whole or released after a kill or a deletion, different ones each run; each passes alone "
-        "(and threads of the previous case are joined before the next starts): not yet diagnosed, a "
-        "race in the controller under the real watch latency or a wait too short for it"
-    ),
-    "tests/controller/test_recovery.py::test_restart_mid_gang_converges_with_nothing_half_done": (
-        "as tests/controller/test_gang_faults.py: a restart's convergence sometimes exceeds the wait"
-    ),
-    "tests/controller/test_gang_node_deleted.py": (
-        "as tests/controller/test_gang_faults.py: one write-fault point ([1]) timed out in CI, others pass"
-    ),
-    "tests/controller/test_hostile.py::test_poison_claim_gets_an_event_and_everyone_else_is_placed": (
-        "as tests/controller/test_gang_faults.py: the good pod after the controller's restart timed out once"
-    ),
-    "tests/controller/test_kueue_cooperation.py::test_no_provisioning_request_of_ours_where_kueue_provisions": (  # noqa: E501
-        "needs the ProvisioningRequest CRD of cluster-autoscaler, which a bare control plane does not serve"
-    ),
-    "tests/controller/test_observability.py::test_provisioning_request_for_an_unfit_gang": (
-        "needs the ProvisioningRequest CRD of cluster-autoscaler, which a bare control plane does not serve"
-    ),
-    "tests/controller/test_share_refused.py": (
-        "the pods name owners that do not exist (a ReplicaSet by a made-up uid), and the real garbage "
-        "collector deletes them before the controller acts; the tests need real owner objects"
-    ),
-}
-# Too slow to run there: minutes on the real apiserver (hundreds of hostile objects, each cleaned up).
-SKIPPED_ON_REAL = {
-    "tests/controller/test_hostile.py::test_hostile_claims_never_stop_the_good_ones": (
-        "six minutes on the real apiserver; it runs on the emulator in every make test"
-    ),
-}
-
-
-def known_on_real(nodeid: str, table: dict[str, str]) -> str | None:
-    """The reason ``nodeid`` (parameters left out) is listed in ``table``, if it is."""
-    base = nodeid.split("[", 1)[0]
-    for prefix, reason in table.items():
-        if base == prefix or base.startswith(prefix + "::"):  # a file, a test, or a test in a class
-            return reason
-    return None
 
 
 def _localcluster() -> Any:
@@ -198,6 +164,26 @@ class RealAPIServer:
     def _namespaces(self) -> list[dict[str, Any]]:
         return list(self.call("GET", "/api/v1/namespaces")[1].get("items", []))
 
+    def install_definitions(self) -> None:
+        """The custom resources of components the bare control plane lacks but the controller uses
+        (cluster-autoscaler's ProvisioningRequest, as the emulator serves it), served before the
+        baseline is taken, so every reset keeps them."""
+        for path in DEFINITIONS:
+            definition = yaml.safe_load(path.read_text(encoding="utf-8"))
+            status, answer = self.call(
+                "POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", definition
+            )
+            if status not in (201, 409):
+                raise RuntimeError(f"{path.name}: the CRD was refused ({status}): {answer}")
+            name = definition["metadata"]["name"]
+            deadline = time.monotonic() + 30
+            while not _established(
+                self.call("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")[1]
+            ):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"CRD {name} not established 30 s after it was made")
+                time.sleep(0.1)
+
     def take_baseline(self) -> None:
         """What the control plane made for itself: kept by every reset."""
         deadline = time.monotonic() + 60
@@ -256,18 +242,26 @@ class RealAPIServer:
                 time.sleep(0.1)
 
 
+def _established(definition: Any) -> bool:
+    conditions = (
+        (definition.get("status") or {}).get("conditions") or () if isinstance(definition, dict) else ()
+    )
+    return any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions)
+
+
 def start(version: str | None = None) -> RealAPIServer:
     """The control plane of ``version`` (K8S_VERSION, default the harness's), up and baselined."""
     module = _localcluster()
     version = (version or os.environ.get("K8S_VERSION") or module.DEFAULT_VERSION).lstrip("v")
-    cluster = module.LocalCluster(state_dir=STATE_DIR, version=version)
+    cluster = module.LocalCluster(state_dir=STATE_DIR, version=version, extra_args=CONTROL_PLANE_ARGS)
     if cluster.processes.get("kube-apiserver") is not None:
         cluster.down()  # a session that was killed left it behind
-        cluster = module.LocalCluster(state_dir=STATE_DIR, version=version)
+        cluster = module.LocalCluster(state_dir=STATE_DIR, version=version, extra_args=CONTROL_PLANE_ARGS)
     binaries = module.Binaries.build(version, "control-plane")
     try:
         cluster.up_control_plane(binaries, components=("etcd", "kube-apiserver", "kube-controller-manager"))
         server = RealAPIServer(cluster=cluster, version=version)
+        server.install_definitions()
         server.take_baseline()
     except BaseException:
         cluster.down()

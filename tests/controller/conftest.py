@@ -127,6 +127,15 @@ class Cluster:
         for s in build_resource_slices(inventory):
             self.resource.create_resource_slice(s)
         self.nodes.append(name)
+        # A real kube-apiserver taints a new Node not-ready (TaintNodesByCondition) until
+        # kube-controller-manager lifts it, about 2 s later for a Node no kubelet reports on. The
+        # tests' nodes are ready ones: a gang decided in between is held with an Event, and every
+        # write the tests count comes one later. The emulator never taints.
+        wait_for(lambda: not self.not_ready(name), what=f"node {name} without the not-ready taint")
+
+    def not_ready(self, name: str) -> bool:
+        taints = self.core.read_node(name).spec.taints or ()
+        return any(t.key == "node.kubernetes.io/not-ready" for t in taints)
 
     def add_classes(self) -> None:
         for device_class in build_device_classes():

@@ -36,8 +36,8 @@ def test_unschedulable_event_names_the_short_node_resource(
     pod["spec"]["containers"][0]["resources"]["requests"] = requests
     cluster.create_pod(pod)
     controller()
-    # On a real apiserver the new Node is tainted not-ready for a moment (until the controller-
-    # manager sees no kubelet condition to keep it): an Event may first say that no node offers any.
+    # The Event that names the short resource: any other (none is expected, add_node waits for the
+    # real apiserver's not-ready taint to be lifted) does not count.
     (event,) = wait_for(
         lambda: [e for e in _unschedulable(cluster) if short in e["message"]][-1:],
         what="GangUnschedulable event naming the short resource",

@@ -45,13 +45,15 @@ def owner(kind: str, name: str, *, controller: bool = True) -> dict[str, Any]:
 
 
 def pod_body(
-    name: str, *, owners: Sequence[dict[str, Any]] = (), namespace: str = NAMESPACE
-) -> dict[str, Any]:
+    name: str, *, owners: Sequence[dict[str, Any]] = (), namespace: str = NAMESPACE,
+    labels: dict[str, str] | None = None,
+) -> dict[str, Any]:  # fmt: skip
     """A pod kube-scheduler bound (no gate of ours), its claim made from a template."""
+    metadata = {"name": name, "namespace": namespace, "ownerReferences": list(owners), "labels": labels or {}}
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace, "ownerReferences": list(owners)},
+        "metadata": metadata,
         "spec": {
             "nodeName": NODE,
             "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "gpu-share"}],
@@ -195,12 +197,33 @@ def test_the_eviction_names_the_pods_uid_and_nothing_else() -> None:
 # -- the controller against the API ---------------------------------------------------------------
 
 
+def replica_set(cluster: Cluster, name: str) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """A real ReplicaSet (one replica, the pod made by hand counts as it) to own a pod: the owner
+    reference with its uid, and the labels its selector matches. A made-up owner would not do on a
+    real cluster: kube-controller-manager's garbage collector deletes a pod whose owner does not exist.
+    """
+    labels = {"app": name}
+    body = {
+        "apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {"replicas": 1, "selector": {"matchLabels": labels}, "template": {
+            "metadata": {"labels": labels},
+            "spec": {"containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10"}]},
+        }},
+    }  # fmt: skip
+    made = client.AppsV1Api(cluster.api_client).create_namespaced_replica_set(NAMESPACE, body)
+    reference = {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": name, "uid": made.metadata.uid,
+                 "controller": True, "blockOwnerDeletion": True}  # fmt: skip
+    return [reference], labels
+
+
 def create_refused(
-    cluster: Cluster, name: str, *, owners: Sequence[dict[str, Any]] = (), phase: str = "Pending",
+    cluster: Cluster, name: str, *, owner_set: str | None = None, phase: str = "Pending",
     refused: bool = True,
 ) -> dict[str, Any]:  # fmt: skip
-    """A bound pod, its claim allocated on a GPU and reserved for it, and (``refused``) the node's refusal."""
-    pod = cluster.create_pod(pod_body(name, owners=owners))
+    """A bound pod, its claim allocated on a GPU and reserved for it, and (``refused``) the node's
+    refusal; ``owner_set``: the name of a ReplicaSet made to own it."""
+    owners, labels = replica_set(cluster, owner_set) if owner_set else ([], {})
+    pod = cluster.create_pod(pod_body(name, owners=owners, labels=labels))
     pod["status"] = pod_status(name, phase)
     pod = json.loads(
         cluster.core.replace_namespaced_pod_status(name, NAMESPACE, pod, _preload_content=False).data
@@ -248,7 +271,7 @@ def test_a_refused_pod_of_a_replica_set_is_evicted_and_told_why(
     cluster: Cluster, node: None, controller: Callable[..., RunningController]
 ) -> None:
     running(cluster, controller)
-    pod = create_refused(cluster, "web-1", owners=[owner("ReplicaSet", "web-7d9")])
+    pod = create_refused(cluster, "web-1", owner_set="web-7d9")
     wait_for(lambda: evicted(cluster, "web-1"), what="the refused pod evicted")
     (event,) = wait_for(lambda: refusal_events(cluster, "web-1"), what="the ShareRefused Event")
     assert event["type"] == "Warning" and event["involvedObject"]["uid"] == pod["metadata"]["uid"]
@@ -287,7 +310,7 @@ def test_a_running_pod_is_left_alone(
     cluster: Cluster, node: None, controller: Callable[..., RunningController]
 ) -> None:
     running(cluster, controller)
-    create_refused(cluster, "running", owners=[owner("ReplicaSet", "web-7d9")], phase="Running")
+    create_refused(cluster, "running", owner_set="web-7d9", phase="Running")
     create_refused(cluster, "later")  # decided after the running one: its Event is the barrier
     wait_for(lambda: refusal_events(cluster, "later"), what="the later pod's Event")
     assert refusal_events(cluster, "running") == []
@@ -298,7 +321,7 @@ def test_a_running_pod_is_left_alone(
 def test_nothing_is_evicted_or_said_behind_a_lost_lease(
     cluster: Cluster, node: None, fenced: Controller
 ) -> None:
-    create_refused(cluster, "web-1", owners=[owner("ReplicaSet", "web-7d9")])
+    create_refused(cluster, "web-1", owner_set="web-7d9")
     wait_for(fenced.halted.is_set, what="the fenced controller halted at its first write, the eviction")
     assert not evicted(cluster, "web-1")
     assert refusal_events(cluster, "web-1") == []
