@@ -136,6 +136,10 @@ class LocalCluster:
     version: str = DEFAULT_VERSION
     nodes: tuple[NodeSpec, ...] = DEFAULT_NODES
     ports: dict[str, int] = field(default_factory=dict)
+    # More client certificates (name: subject), e.g. a benchmark's own user, each with a kubeconfig
+    # <state_dir>/<name>.kubeconfig; and more flags per component (its name: the flags).
+    clients: dict[str, str] = field(default_factory=dict)
+    extra_args: dict[str, list[str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.processes = Processes(self.state_dir / "state.json", self.state_dir / "logs")
@@ -195,11 +199,12 @@ class LocalCluster:
                 "scheduler": "/CN=system:kube-scheduler",
                 "apiserver-kubelet-client": "/CN=kube-apiserver-kubelet-client/O=system:masters",
                 **{f"node-{n.ip}": f"/CN=system:node:{n.name}/O=system:nodes" for n in self.nodes},
+                **self.clients,
             },
             node_ips=[n.ip for n in self.nodes],
         )
         self.write_kubeconfig(self.kubeconfig, "admin", embed=True)
-        for name in ("controller-manager", "scheduler"):
+        for name in ("controller-manager", "scheduler", *self.clients):
             self.write_kubeconfig(self.state_dir / f"{name}.kubeconfig", name, embed=False)
         self._start_etcd(binaries)
         self._start_apiserver(binaries, pki)
@@ -274,6 +279,7 @@ class LocalCluster:
                 f"--runtime-config={','.join(runtime_config)}",
                 f"--cert-dir={self.state_dir / 'apiserver-certs'}",
                 "--profiling=false",
+                *self.extra_args.get("kube-apiserver", ()),
             ],
         )  # fmt: skip
         self._wait(f"{self.apiserver_url}/readyz", "kube-apiserver", tls=True)
@@ -291,6 +297,7 @@ class LocalCluster:
                 "--bind-address=127.0.0.1", f"--secure-port={self.ports['controller-manager']}",
                 f"--cluster-signing-cert-file={pki.ca_cert}", f"--cluster-signing-key-file={pki.ca_key}",
                 f"--feature-gates={self.feature_gates()}",
+                *self.extra_args.get("kube-controller-manager", ()),
             ],
         )  # fmt: skip
         self._wait(
@@ -308,7 +315,7 @@ class LocalCluster:
                 f"--kubeconfig={kubeconfig}", f"--authentication-kubeconfig={kubeconfig}",
                 f"--authorization-kubeconfig={kubeconfig}", "--leader-elect=false",
                 "--bind-address=127.0.0.1", f"--secure-port={self.ports['scheduler']}",
-                f"--feature-gates={self.feature_gates()}",
+                f"--feature-gates={self.feature_gates()}", *self.extra_args.get("kube-scheduler", ()),
             ],
         )  # fmt: skip
         self._wait(f"https://127.0.0.1:{self.ports['scheduler']}/healthz", "kube-scheduler", tls=True)
