@@ -320,6 +320,14 @@ class LocalCluster:
         )  # fmt: skip
         self._wait(f"https://127.0.0.1:{self.ports['scheduler']}/healthz", "kube-scheduler", tls=True)
 
+    def restart_scheduler(self, binaries: Binaries) -> None:
+        """kube-scheduler stopped and started again with the ``extra_args`` as they are now (a
+        benchmark changes its client limits between two cases)."""
+        process = self.processes.get("kube-scheduler")
+        if process is not None:
+            self.processes.stop(process)
+        self._start_scheduler(binaries)
+
     def _wait(self, url: str, name: str, *, tls: bool, timeout_seconds: float = 90.0) -> None:
         context = None
         if tls:

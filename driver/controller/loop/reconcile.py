@@ -430,7 +430,12 @@ class Reconciler:
             if self._node_gone(node):
                 return f"Node {node}"
         published: set[tuple[str, str, str]] = set()
-        for resource_slice in self.cache.objects(Kind.SLICE):
+        pools = {
+            (str(r.get("driver", "")), str(r.get("pool", "")))
+            for _claim, a in decision.allocations
+            for r in (a.get("devices") or {}).get("results") or ()
+        }
+        for resource_slice in self.cache.in_pools(Kind.SLICE, pools):
             spec = resource_slice.get("spec") or {}
             if spec.get("nodeName") and spec["nodeName"] not in nodes:
                 continue
@@ -459,18 +464,12 @@ class Reconciler:
             ours |= _devices_of({"status": {"allocation": allocation}})
         if not ours:
             return ""
-        # Only the gang's pools and the claims on its devices: this runs once per gang commit.
+        # Only the gang's pools and the claims on its devices, from the cache's index by pool: this
+        # runs once per gang commit (a scan of every claim here took a tenth of the controller's
+        # CPU in a 1,000-pod backlog on a real cluster).
         pools = {(driver, pool) for driver, pool, _device in ours}
-        slices = [
-            s
-            for s in self.cache.objects(Kind.SLICE)
-            if (
-                str((s.get("spec") or {}).get("driver", "")),
-                str(((s.get("spec") or {}).get("pool") or {}).get("name", "")),
-            )
-            in pools
-        ]
-        claims = [c for c in self.cache.objects(Kind.CLAIM) if _devices_of(c) & ours]
+        slices = self.cache.in_pools(Kind.SLICE, pools)
+        claims = [c for c in self.cache.in_pools(Kind.CLAIM, pools) if _devices_of(c) & ours]
         for overcommit in compute_overcommits(slices, claims):
             if overcommit.device in ours:
                 return f"device {overcommit.device_name}, booked past its {overcommit.dimension} meanwhile"

@@ -50,6 +50,17 @@ def _rv(obj: dict[str, Any] | None) -> str | None:
     return None if obj is None else (obj.get("metadata") or {}).get("resourceVersion")
 
 
+def _slice_pools(resource_slice: dict[str, Any] | None) -> set[tuple[str, str]]:
+    spec = (resource_slice or {}).get("spec") or {}
+    return {(str(spec.get("driver", "")), str((spec.get("pool") or {}).get("name", "")))} if spec else set()
+
+
+def _claim_pools(claim: dict[str, Any] | None) -> set[tuple[str, str]]:
+    allocation = ((claim or {}).get("status") or {}).get("allocation") or {}
+    results = (allocation.get("devices") or {}).get("results") or ()
+    return {(str(r.get("driver", "")), str(r.get("pool", ""))) for r in results}
+
+
 def _uid(obj: dict[str, Any]) -> str:
     return str((obj.get("metadata") or {}).get("uid") or object_key(obj))
 
@@ -67,6 +78,10 @@ class ClusterCache:
         self._usage: dict[str, Resources] = defaultdict(Resources)
         self._placed: dict[ObjectKey, tuple[str, Resources]] = {}
         self._rejected: dict[tuple[Kind, ObjectKey], str] = {}  # objects we must not act on, and why
+        # (driver, pool) -> the slices of that pool, and the claims with a result in it (as stored):
+        # a gang's commit checks only its own pools, not every claim in the cluster.
+        self._pool_slices: dict[tuple[str, str], set[ObjectKey]] = defaultdict(set)
+        self._pool_claims: dict[tuple[str, str], set[ObjectKey]] = defaultdict(set)
         # UIDs seen deleted: a write's answer that arrives after the watch's DELETED must not bring
         # the object back (the worker assumes what it wrote). Bounded, oldest forgotten first.
         self._deleted_uids: OrderedDict[str, None] = OrderedDict()
@@ -184,7 +199,21 @@ class ClusterCache:
         if len(self._deleted_uids) > MAX_DELETED_UIDS:
             self._deleted_uids.popitem(last=False)
 
+    def _index_pools(
+        self, kind: Kind, key: ObjectKey, obj: dict[str, Any] | None, old: dict[str, Any] | None
+    ) -> None:
+        index = self._pool_slices if kind is Kind.SLICE else self._pool_claims
+        pools_of = _slice_pools if kind is Kind.SLICE else _claim_pools
+        for pool in pools_of(old) - pools_of(obj):
+            index[pool].discard(key)
+            if not index[pool]:
+                del index[pool]
+        for pool in pools_of(obj):
+            index[pool].add(key)
+
     def _on_stored(self, kind: Kind, key: ObjectKey, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
+        if kind in (Kind.SLICE, Kind.CLAIM):
+            self._index_pools(kind, key, obj, old)
         if kind is Kind.SLICE:
             self.state.upsert_slice(obj)
         elif kind is Kind.CLASS:
@@ -205,6 +234,8 @@ class ClusterCache:
             self._index_pod(key, obj)
 
     def _on_removed(self, kind: Kind, key: ObjectKey, old: dict[str, Any]) -> None:
+        if kind in (Kind.SLICE, Kind.CLAIM):
+            self._index_pools(kind, key, None, old)
         if kind is Kind.SLICE:
             self.state.remove_slice(str(old["metadata"]["name"]))
         elif kind is Kind.CLASS:
@@ -317,6 +348,13 @@ class ClusterCache:
     def objects(self, kind: Kind) -> list[dict[str, Any]]:
         with self.lock:
             return list(self._objects[kind].values())
+
+    def in_pools(self, kind: Kind, pools: set[tuple[str, str]]) -> list[dict[str, Any]]:
+        """The slices of these (driver, pool) pools, or the claims (as stored) with a result in one."""
+        index = self._pool_slices if kind is Kind.SLICE else self._pool_claims
+        with self.lock:
+            keys = {key for pool in pools for key in index.get(pool, ())}
+            return [self._objects[kind][key] for key in keys]
 
     def count(self, kind: Kind) -> int:
         with self.lock:
