@@ -73,6 +73,7 @@ from driver.kube import load_configuration
 from driver.slices import build_device_classes, build_resource_slices
 
 ROOT = Path(__file__).resolve().parent.parent
+VERSION = os.environ.get("K8S_VERSION", "1.37.2").lstrip("v")
 STATE_DIR = Path(os.environ.get("FRACTIONAL_BENCH_STATE_DIR", "/tmp/fractional-bench-real"))
 NAMESPACE = "bench"
 GATE = "fractional.dev/allocation"
@@ -94,15 +95,14 @@ AUDIT_POLICY = {
 # -------------------------------------------------------------------------------- the cluster
 
 
-def start_cluster(nodes: int) -> Any:
+def start_cluster() -> Any:
     from localcluster.cluster import LocalCluster
 
     STATE_DIR.mkdir(parents=True, exist_ok=True)
     policy = STATE_DIR.parent / f"{STATE_DIR.name}-audit-policy.json"
     policy.write_text(json.dumps(AUDIT_POLICY), encoding="utf-8")
-    version = os.environ.get("K8S_VERSION", "1.37.2").lstrip("v")
     cluster = LocalCluster(
-        state_dir=STATE_DIR, version=version, nodes=(),
+        state_dir=STATE_DIR, version=VERSION, nodes=(),
         clients={"bench": "/CN=fractional-bench/O=system:masters",
                  "controller": f"/CN={CONTROLLER_USER}/O=system:masters"},
         extra_args={
@@ -116,15 +116,16 @@ def start_cluster(nodes: int) -> Any:
     )  # fmt: skip
     if cluster.processes.get("kube-apiserver") is not None:
         cluster.down()
-        return start_cluster(nodes)
-    cluster.up_control_plane(binaries(cluster))
+        return start_cluster()
+    cluster.up_control_plane(binaries())
     return cluster
 
 
-def binaries(cluster: Any) -> Any:
+def binaries() -> Any:
+    """The control plane's binaries of ``VERSION``: cached, else built from the Go modules."""
     from localcluster.cluster import Binaries
 
-    return Binaries.build(cluster.version, "control-plane")
+    return Binaries.build(VERSION, "control-plane")
 
 
 def audit_log() -> Path:
@@ -159,7 +160,6 @@ def add_nodes(api: Api, count: int, packing: int) -> int:
     for the packing case; the DeviceClasses. Returns the GPUs."""
     for device_class in build_device_classes():
         api.resource.create_device_class(device_class)
-    gpus = 0
 
     def one(index: int) -> int:
         name = f"node-{index:03d}"
@@ -722,14 +722,14 @@ def main(argv: list[str]) -> int:
     if os.geteuid() != 0:
         print("bench_real: skipped: the local cluster's harness needs root", file=sys.stderr)
         return 0
-    from localcluster.cluster import Binaries, ClusterError
+    from localcluster.cluster import ClusterError
 
-    try:  # cached, else built from the Go modules (as for make cluster-up)
-        Binaries.build(os.environ.get("K8S_VERSION", "1.37.2").lstrip("v"), "control-plane")
+    try:
+        binaries()
     except ClusterError as error:
         print(f"bench_real: skipped: no upstream binaries: {error}", file=sys.stderr)
         return 0
-    cluster = start_cluster(args.nodes)
+    cluster = start_cluster()
     rows: list[dict[str, Any]] = []
     profile_rows: list[dict[str, Any]] = []
     try:
@@ -771,7 +771,7 @@ def main(argv: list[str]) -> int:
                 f"--kube-api-qps={RAISED_QPS}",
                 f"--kube-api-burst={2 * RAISED_QPS}",
             ]
-            cluster.restart_scheduler(binaries(cluster))
+            cluster.restart_scheduler(binaries())
             scheduler = Usage(cluster.processes.get("kube-scheduler").pid)
             for path in PATHS:
                 run = Run(cluster, api, binds, path)

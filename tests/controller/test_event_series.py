@@ -14,7 +14,7 @@ from kubernetes import client
 
 from driver.cluster.apiserver import APIServer
 from driver.controller.model.objects import GangKey
-from driver.controller.writes.events import EVENT_TTL_SECONDS, EventMemory, EventRecorder
+from driver.controller.writes.events import EVENT_TTL_SECONDS, REPORTING_COMPONENT, EventMemory, EventRecorder
 from tests.controller.conftest import (
     NAMESPACE,
     Cluster,
@@ -67,7 +67,7 @@ def _events(api: client.ApiClient) -> list[dict[str, Any]]:
     1.37.2)."""
     response = client.CoreV1Api(api).list_namespaced_event(NAMESPACE, _preload_content=False)
     items: list[dict[str, Any]] = json.loads(response.data)["items"]
-    ours = [e for e in items if e.get("reportingComponent") == "fractional.dev/controller"]
+    ours = [e for e in items if e.get("reportingComponent") == REPORTING_COMPONENT]
     return sorted(ours, key=lambda e: (e["firstTimestamp"], e["metadata"]["name"]))
 
 

@@ -943,9 +943,7 @@ def _check_claim_spec(spec: Obj, base: str, causes: Causes) -> None:
             constraint = _map(constraint)
             constraint_field = f"{base}.devices.constraints[{index}]"
             _request_refs(constraint.get("requests") or [], f"{constraint_field}.requests", names, causes)
-            attribute = next(
-                (k for k in ("matchAttribute", "distinctAttribute") if constraint.get(k) is not None), None
-            )
+            attribute = next((k for k in _CONSTRAINT_ATTRIBUTES if constraint.get(k) is not None), None)
             if attribute is not None:
                 _fully_qualified_name(str(constraint[attribute]), f"{constraint_field}.{attribute}", causes)
             else:

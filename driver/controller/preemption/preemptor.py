@@ -73,7 +73,7 @@ from driver.controller.preemption.victims import (
     preemption_refusal,
 )
 from driver.controller.view.cache import ClusterCache, Kind
-from driver.controller.writes.events import COMPONENT, MAX_EVENT_MESSAGE_CHARS
+from driver.controller.writes.events import COMPONENT, MAX_EVENT_MESSAGE_CHARS, REPORTING_COMPONENT
 from driver.controller.writes.writer import HaltWrites
 from driver.errors import AllocationError, FractionalError, NotFoundError
 from driver.kube import REQUEST_TIMEOUT_SECONDS, api_errors, new_api_client
@@ -137,7 +137,7 @@ def build_preemption_event(
         "message": bounded(message, MAX_EVENT_MESSAGE_CHARS - 40),
         "type": event_type,
         "source": {"component": COMPONENT},
-        "reportingComponent": "fractional.dev/controller",
+        "reportingComponent": REPORTING_COMPONENT,
         "reportingInstance": identity or COMPONENT,
         "firstTimestamp": now,
         "lastTimestamp": now,

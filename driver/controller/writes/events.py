@@ -52,6 +52,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 COMPONENT = "fractional-dra-controller"
+REPORTING_COMPONENT = "fractional.dev/controller"  # events.k8s.io reportingController
 REASON_UNSCHEDULABLE = "GangUnschedulable"
 REASON_FAILED = "AllocationFailed"
 REASON_HANDED_OVER = "HandedToKubeScheduler"  # a gang's pod beyond minCount left to kube-scheduler
@@ -387,7 +388,7 @@ class EventRecorder:
             "message": bounded(message, MAX_EVENT_MESSAGE_CHARS - 40),
             "type": "Warning",
             "source": {"component": COMPONENT},
-            "reportingComponent": "fractional.dev/controller",
+            "reportingComponent": REPORTING_COMPONENT,
             "reportingInstance": self._identity,
             "firstTimestamp": now,
             "lastTimestamp": now,
