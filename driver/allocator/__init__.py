@@ -8,6 +8,8 @@ Public API::
                   pod_groups=None, exclude_nodes=frozenset(), rng=None) -> list[list[dict] | None]
     ClusterState(topology_label="topology.kubernetes.io/zone")   # incremental, for the controller;
         # .allocate(...) and .allocate_many(...) take the same keywords minus the cluster's objects
+    check_booking(state, claim) -> tuple[Overbooking, ...]   # would this allocation, written by
+        # anyone, book a device past its capacity given what the state counts for other claims?
 
 ``allocate`` returns one ``status.allocation`` dict per claim, in order, or None when the claims cannot
 all be allocated; it raises AllocationError for what upstream treats as fatal. ``allocate_many`` places
@@ -24,6 +26,7 @@ from typing import Any
 
 from driver.allocator.backends import check_no_claim_backend
 from driver.allocator.batch import GroupAllocationError
+from driver.allocator.booking import Overbooking, check_booking
 from driver.allocator.cluster import ClusterState
 from driver.errors import AllocationError
 
@@ -31,8 +34,10 @@ __all__ = [
     "AllocationError",
     "ClusterState",
     "GroupAllocationError",
+    "Overbooking",
     "allocate",
     "allocate_many",
+    "check_booking",
     "check_no_claim_backend",
 ]
 

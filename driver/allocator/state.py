@@ -266,6 +266,9 @@ class ClusterData:
     def exclusive_in_use(self, device_id: DeviceID) -> bool:
         return device_id in self._exclusive
 
+    def exclusive_count(self, device_id: DeviceID) -> int:
+        return self._exclusive.get(device_id, 0)
+
     def share_count(self, device_id: DeviceID) -> int:
         return self._shares.get(device_id, 0)
 
@@ -275,6 +278,24 @@ class ClusterData:
     def committed_backends(self, device_id: DeviceID) -> dict[str | None, int] | None:
         """Shares on a shared device per sharing backend asked for (None: the node's default)."""
         return self._backends.get(device_id)
+
+    def claim_ledger(self, uid: str) -> tuple[LedgerEntry, ...]:
+        """What is counted now for the claim with this uid (empty when nothing is)."""
+        return self._claims.get(uid, ())
+
+    def device(self, device_id: DeviceID) -> Device | None:
+        """The device as its pool's current generation publishes it (any slice, nodeName or not)."""
+        slices = self._pools.get((device_id[0], device_id[1]))
+        if not slices:
+            return None
+        generation = max(s.generation for s in slices.values())
+        for slice_ in slices.values():
+            if slice_.generation != generation:
+                continue
+            for device in slice_.devices:
+                if device.name == device_id[2]:
+                    return device
+        return None
 
     def indexed_device(self, device_id: DeviceID) -> Device | None:
         """A device of a nodeName slice that a built node view holds (what the free index lists)."""
