@@ -353,6 +353,25 @@ def _build_parser() -> argparse.ArgumentParser:
         help="where gangs are read from: comma list of podgroup, workload, fractional, coscheduling, kueue, "
         "lws, volcano (or upstream, markers, all); auto: upstream, ours and the markers the cluster serves",
     )  # fmt: skip
+    p.add_argument(
+        "--allocation-guard-port", type=int, default=_env_int("--allocation-guard-port", 0),
+        help="serve the allocation guard (the validating webhook that refuses an allocation another "
+        "allocator writes past a device's capacity) over HTTPS on this port, on --metrics-host; 0: off",
+    )  # fmt: skip
+    p.add_argument(
+        "--allocation-guard-cert-dir",
+        default=_env("--allocation-guard-cert-dir", "/etc/fractional/allocation-guard"),
+        help="its serving certificate and key: tls.crt and tls.key in this directory",
+    )
+    p.add_argument(
+        "--allocation-guard-service", default=_env("--allocation-guard-service", ""),
+        help="the webhook's Service (in --lease-namespace): while leading, point its EndpointSlice "
+        "<service>-leader at --allocation-guard-address",
+    )  # fmt: skip
+    p.add_argument(
+        "--allocation-guard-address", default=_env("--allocation-guard-address", ""),
+        help="this replica's address for that EndpointSlice (the pod IP)",
+    )  # fmt: skip
     _add_backend_override(p)
     _add_common(p)
 
@@ -532,6 +551,10 @@ def build_controller_config(args: argparse.Namespace) -> ControllerConfig:
         preemption=args.preemption,
         gang_sources=args.gang_sources,
         allow_claim_backend_override=args.allow_claim_backend_override,
+        allocation_guard_port=args.allocation_guard_port,
+        allocation_guard_cert_dir=args.allocation_guard_cert_dir,
+        allocation_guard_service=args.allocation_guard_service,
+        allocation_guard_address=args.allocation_guard_address,
     )
 
 

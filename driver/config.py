@@ -177,10 +177,27 @@ class ControllerConfig:
     preemption: bool = True  # evict lower-priority pods for a gang that does not fit (issue 17)
     gang_sources: str = "auto"  # comma list (gang_identity.parse_gang_sources); auto: upstream, ours, markers
     allow_claim_backend_override: bool = True  # false: a claim naming its own backend is not allocated
+    # The allocation guard (driver/controller/guard): the webhook kube-apiserver calls before it stores
+    # an allocation another allocator wrote. Port 0: off. It listens on metrics_host.
+    allocation_guard_port: int = 0
+    allocation_guard_cert_dir: str = "/etc/fractional/allocation-guard"  # tls.crt and tls.key
+    allocation_guard_service: str = ""  # the webhook's Service: the leader writes its EndpointSlice
+    allocation_guard_address: str = ""  # this replica's address in that EndpointSlice (the pod IP)
 
     def __post_init__(self) -> None:
         _check_choice("--policy", self.policy, POLICIES)
         _check_port("--metrics-port", self.metrics_port)
+        _check_port("--allocation-guard-port", self.allocation_guard_port)
+        if self.allocation_guard_port and self.allocation_guard_port == self.metrics_port:
+            raise ConfigError(
+                field="--allocation-guard-port (FRACTIONAL_ALLOCATION_GUARD_PORT)",
+                problem=f"{self.allocation_guard_port} is --metrics-port too",
+            )
+        if self.allocation_guard_port and self.allocation_guard_service and not self.allocation_guard_address:
+            raise ConfigError(
+                field="--allocation-guard-address (FRACTIONAL_ALLOCATION_GUARD_ADDRESS)",
+                problem="required with --allocation-guard-service (the pod IP the Service points at)",
+            )
         from driver.controller.model.gang_identity import (
             parse_gang_sources,  # raises ConfigError naming the flag
         )

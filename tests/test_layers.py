@@ -37,8 +37,9 @@ CONTROLLER_LAYERS: dict[str, frozenset[str]] = {
     "gangs": frozenset({"model", "view", "metrics", "kueue"}),
     "preemption": frozenset({"model", "view", "writes", "metrics", "gangs"}),
     "diagnosis": frozenset({"model", "sizing", "kueue", "gangs"}),
+    "guard": frozenset({"model", "view", "metrics"}),
     "loop": frozenset(
-        {"model", "sizing", "view", "writes", "metrics", "kueue", "gangs", "preemption", "diagnosis"}
+        {"model", "sizing", "view", "writes", "metrics", "kueue", "gangs", "preemption", "diagnosis", "guard"}
     ),
 }
 # What only the demo and the tests run: never imported by the product.

@@ -16,6 +16,7 @@ checks it; ``docs/architecture.md`` tells the whole story):
 - ``gangs``: which pods go together and where they all fit (gang APIs, plans, decisions, topology);
 - ``preemption``: victims and evictions;
 - ``diagnosis``: ``explain`` and ``fractional plan``, shared with the CLI;
+- ``guard``: the allocation guard, the webhook that orders other allocators' writes with ours;
 - ``loop``: the process: the Controller, the decider, the work queue, leader election.
 """
 

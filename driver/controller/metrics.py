@@ -117,6 +117,19 @@ class ControllerMetrics:
             registry=r,
         )
         self.leader = Gauge("fractional_controller_leader", "1 while this replica leads.", registry=r)
+        self.guard_reviews = Counter(
+            "fractional_controller_allocation_guard_reviews",
+            "Allocations another allocator wrote for our devices, as the allocation guard answered them "
+            "(allowed, refused: past a device's capacity, starting: the guard's view not synced yet).",
+            ["outcome"],
+            registry=r,
+        )
+        self.guard_review_seconds = Histogram(
+            "fractional_controller_allocation_guard_review_duration_seconds",
+            "Time the allocation guard took to answer one admission review.",
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1),
+            registry=r,
+        )
         self.gpus_free = Gauge(
             "fractional_controller_gpus_free", "Whole GPUs with nothing allocated on them.", registry=r
         )

@@ -68,7 +68,9 @@ def new_api_client(configuration: client.Configuration) -> client.ApiClient:
     return client.ApiClient(configuration)
 
 
-def get_json(api_client: client.ApiClient, path: str, *, what: str) -> dict[str, Any]:
+def get_json(
+    api_client: client.ApiClient, path: str, *, what: str, timeout_seconds: float = REQUEST_TIMEOUT_SECONDS
+) -> dict[str, Any]:
     """GET ``path`` (e.g. ``/api/v1/nodes/n1``) as a plain dict.
 
     Used where a typed API class would cost more than it gives: ``CoreV1Api`` alone adds about
@@ -80,7 +82,7 @@ def get_json(api_client: client.ApiClient, path: str, *, what: str) -> dict[str,
         "GET", path, header_params={"Accept": "application/json"}, auth_settings=["BearerToken"]
     )
     response = api_client.call_api(
-        method, url, header_params=headers, _request_timeout=REQUEST_TIMEOUT_SECONDS
+        method, url, header_params=headers, _request_timeout=timeout_seconds
     )
     response.read()  # type: ignore[no-untyped-call]
     check_response_status(response.status, response.data or b"", what)

@@ -21,6 +21,7 @@ from kubernetes import client
 
 from driver.controller.diagnosis.explain import share_memory_requests
 from driver.controller.gangs.watch import GangWatches
+from driver.controller.guard.review import AllocationGuard
 from driver.controller.loop.reconcile import (
     CLAIM_PREFIX,
     GANG_PREFIX,
@@ -49,13 +50,16 @@ from driver.controller.view.watch import Watcher
 from driver.controller.writes.events import EventRecorder
 from driver.controller.writes.pipeline import Job, WritePool, Writers
 from driver.controller.writes.writer import ApiWriter, HaltWrites, WriteHook
+from driver.errors import NotFoundError
 from driver.kube import new_api_client
+from driver.kube.client import get_json
 
 __all__ = ["Controller"]
 
 log = logging.getLogger(__name__)
 
 BATCH_KEYS = 64  # keys decided in one pass when that many are due (a burst)
+GUARD_READ_TIMEOUT_SECONDS = 1.0  # a claim the guard reads before refusing (kube-apiserver waits for it)
 METRICS_COST_RATIO = 50  # the metrics refresh waits at least 50x as long as it last took
 WATCH_ORDER = (Kind.CLASS, Kind.NODE, Kind.SLICE, Kind.CLAIM, Kind.POD)  # pods last: they reference the rest
 
@@ -113,7 +117,12 @@ class Controller:
         write_queue: int = 64,
         batch_keys: int = BATCH_KEYS,
         gang_sources: frozenset[GangSource] | None = None,
+        guard: bool = False,
+        hold_decisions: bool = False,
     ) -> None:
+        """``guard``: also answer the allocation guard's reviews (``self.guard``; run.py serves it).
+        ``hold_decisions``: decide nothing until ``allow_decisions()`` (the guard must be reachable
+        first, see run.py)."""
         self._configuration = configuration
         self.settings = settings
         self.identity = identity
@@ -155,6 +164,14 @@ class Controller:
         self._batch_keys = batch_keys
         self._write_queue = write_queue
         self.pool: WritePool | None = None
+        self._decisions_allowed = threading.Event()
+        if not hold_decisions:
+            self._decisions_allowed.set()
+        self._guard_api: client.ApiClient | None = None
+        self.guard: AllocationGuard | None = None
+        if guard:
+            self._guard_api = new_api_client(configuration)
+            self.guard = AllocationGuard(cache=self.cache, metrics=self.metrics, read_claim=self._read_claim)
 
     # -- lifecycle ------------------------------------------------------------------------------------
 
@@ -179,6 +196,22 @@ class Controller:
         for thread in [*self.watchers, self._worker]:
             if thread.is_alive():
                 thread.join(max(0.0, deadline - time.monotonic()))
+        if self._guard_api is not None:
+            self._guard_api.close()  # type: ignore[no-untyped-call]
+
+    def allow_decisions(self) -> None:
+        self._decisions_allowed.set()
+
+    def _read_claim(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The claim as the API holds it now (the guard, before it refuses); None: gone."""
+        assert self._guard_api is not None
+        try:
+            return get_json(
+                self._guard_api, f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}",
+                what=f"read ResourceClaim {namespace}/{name}", timeout_seconds=GUARD_READ_TIMEOUT_SECONDS,
+            )  # fmt: skip
+        except NotFoundError:
+            return None
 
     def healthy(self) -> bool:
         pool_alive = self.pool is None or self.pool.alive() or self.halted.is_set()
@@ -330,12 +363,19 @@ class Controller:
                 while not watcher.synced.wait(0.1):
                     if self.stop_event.is_set():
                         return
+            if self.guard is not None:
+                self.guard.mark_synced()
+            while not self._decisions_allowed.wait(0.1):
+                if self._decider_stop.is_set():
+                    return
             self._resync()
             next_resync = time.monotonic() + self._resync_seconds
             next_metrics = time.monotonic()
             while not self._decider_stop.is_set():
                 now = time.monotonic()
                 if now >= next_metrics:
+                    if self.guard is not None:
+                        self.guard.sweep()
                     self.refresh_metrics()
                     # At most 1/METRICS_COST_RATIO of the decider's time: on a big cluster with a deep
                     # backlog one refresh takes tens of milliseconds (every GPU, every gated gang).

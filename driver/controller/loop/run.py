@@ -7,10 +7,14 @@ nothing it still had in flight is written by a non-leader; the Deployment restar
 from __future__ import annotations
 
 import logging
+import ssl
 import threading
+import time
 from collections.abc import Callable
+from pathlib import Path
 
 from driver.config import ControllerConfig
+from driver.controller.guard import GuardEndpoint, GuardServer
 from driver.controller.kueue.worker import KueueCheckSettings, start_admission_check
 from driver.controller.loop.controller import Controller
 from driver.controller.loop.elector import Clock, LeaderElector
@@ -18,6 +22,7 @@ from driver.controller.loop.reconcile import ReconcilerSettings
 from driver.controller.metrics import ControllerMetrics
 from driver.controller.model.gang_identity import parse_gang_sources
 from driver.controller.writes.writer import WriteHook
+from driver.errors import ConfigError, FractionalError
 from driver.kube import load_configuration, new_api_client
 from driver.probes import ProbeServer
 
@@ -26,6 +31,11 @@ __all__ = ["run_controller"]
 log = logging.getLogger(__name__)
 
 POLL_SECONDS = 0.1
+# With the allocation guard: decide nothing until this long after the guard is served and its
+# EndpointSlice written. Until kube-apiserver sees the new endpoint, another allocator's writes are
+# admitted unchecked (the webhook fails open); this lets those land in our cache first.
+GUARD_SETTLE_SECONDS = 2.0
+GUARD_ENDPOINT_CHECK_SECONDS = 30.0  # the leader checks its EndpointSlice this often (2 s after a failure)
 
 
 def settings_from_config(config: ControllerConfig) -> ReconcilerSettings:
@@ -54,6 +64,11 @@ def run_controller(
     metrics = ControllerMetrics()
     controller: Controller | None = None
     close_kueue_check: Callable[[float], None] | None = None
+    guard_server: GuardServer | None = None
+    endpoint: GuardEndpoint | None = None
+    endpoint_api = None
+    next_endpoint_check = 0.0
+    stopped_cleanly = False
 
     def healthy() -> bool:
         return controller is None or controller.healthy()
@@ -94,11 +109,26 @@ def run_controller(
             if stop.is_set() or elector.lost.is_set():
                 return 0 if stop.is_set() else 1
             metrics.leader.set(1)
+        guarded = bool(config.allocation_guard_port)
         controller = Controller(
             configuration=configuration, settings=settings_from_config(config), identity=config.identity,
             metrics=metrics, write_hook=write_hook, gang_sources=parse_gang_sources(config.gang_sources),
+            guard=guarded, hold_decisions=guarded,
         )  # fmt: skip
+        if guarded:
+            guard_server = _guard_server(config, controller)
         controller.start()
+        release_at = time.monotonic()
+        if guard_server is not None:
+            guard_server.start()
+            if config.allocation_guard_service:
+                endpoint_api = new_api_client(configuration)
+                endpoint = GuardEndpoint(
+                    endpoint_api, namespace=config.lease_namespace, service=config.allocation_guard_service,
+                    address=config.allocation_guard_address, port=guard_server.port, pod_name=config.identity,
+                )  # fmt: skip
+                next_endpoint_check = _ensure_endpoint(endpoint)
+            release_at = time.monotonic() + GUARD_SETTLE_SECONDS
         if config.kueue_admission_check:  # issue 14: the AdmissionCheck fractional.dev/placement
             kueue_settings = KueueCheckSettings(
                 policy=config.policy, topology_label=config.topology_label, hint_profiles=config.hint_profiles
@@ -107,7 +137,14 @@ def run_controller(
         log.info("controller started", extra={"identity": config.identity, "policy": config.policy})
         if started is not None:
             started.set()
+        released = False
         while not stop.is_set():
+            now = time.monotonic()
+            if not released and now >= release_at:
+                controller.allow_decisions()
+                released = True
+            if endpoint is not None and now >= next_endpoint_check:
+                next_endpoint_check = _ensure_endpoint(endpoint)
             # The elector notices a missed deadline only after its current round, which can block on
             # a slow API for longer than the deadline; check the deadline here too, and fence the
             # writer first so nothing more goes out once a successor may have taken over.
@@ -119,8 +156,20 @@ def run_controller(
                 stop.wait(POLL_SECONDS)  # a simulated crash: stay down until told to stop
                 continue
             stop.wait(POLL_SECONDS)
+        stopped_cleanly = True
         return 0
     finally:
+        if guard_server is not None:
+            guard_server.close()
+        if endpoint is not None:
+            if stopped_cleanly:  # point the webhook at nobody rather than at a port about to close
+                try:
+                    endpoint.withdraw()
+                except FractionalError as error:
+                    log.warning("allocation guard endpoint not withdrawn", extra={"error": str(error)})
+            endpoint.close()
+        if endpoint_api is not None:
+            endpoint_api.close()  # type: ignore[no-untyped-call]
         if close_kueue_check is not None:
             close_kueue_check(10.0)
         if controller is not None:
@@ -135,3 +184,30 @@ def run_controller(
             elector_api.close()  # type: ignore[no-untyped-call]
         if server is not None:
             server.close()
+
+
+def _guard_server(config: ControllerConfig, controller: Controller) -> GuardServer:
+    """The guard's HTTPS server, bound now: a missing or bad certificate is a configuration error."""
+    assert controller.guard is not None
+    directory = Path(config.allocation_guard_cert_dir)
+    try:
+        return GuardServer(
+            host=config.metrics_host, port=config.allocation_guard_port, cert_file=str(directory / "tls.crt"),
+            key_file=str(directory / "tls.key"), review=controller.guard.review,
+        )  # fmt: skip
+    except (OSError, ssl.SSLError) as error:
+        raise ConfigError(
+            field="--allocation-guard-cert-dir (FRACTIONAL_ALLOCATION_GUARD_CERT_DIR)",
+            problem=f"{directory}: tls.crt and tls.key: {error}",
+        ) from error
+
+
+def _ensure_endpoint(endpoint: GuardEndpoint) -> float:
+    """Point the guard's Service at this replica; when to look again."""
+    try:
+        endpoint.ensure()
+    except FractionalError as error:
+        log.warning("allocation guard endpoint not written", extra={"endpointslice": endpoint.name,
+                    "error": str(error)})  # fmt: skip
+        return time.monotonic() + 2.0
+    return time.monotonic() + GUARD_ENDPOINT_CHECK_SECONDS

@@ -298,13 +298,32 @@ class ClusterCache:
             self._bound[key] = (node, requests)
             self._usage[node] = self._usage[node] + requests
 
-    def assume_allocations(self, pairs: list[tuple[dict[str, Any], dict[str, Any]]]) -> None:
-        """Count each (claim, allocation) as allocated now, before the writers have written it."""
+    def assume_allocations(self, pairs: list[tuple[dict[str, Any], dict[str, Any]]]) -> list[dict[str, Any]]:
+        """Count each (claim, allocation) as allocated now, before the writers have written it (or,
+        for the allocation guard, before another allocator's write admitted now is stored). Returns
+        the versions assumed, in order (``forget_assumed_version`` takes one back)."""
+        assumed_versions = []
         with self.lock:
             for claim, allocation in pairs:
                 assumed = {**claim, "status": {**(claim.get("status") or {}), "allocation": allocation}}
                 self._assumed[object_key(claim)] = assumed
                 self.state.upsert_claim(assumed)
+                assumed_versions.append(assumed)
+        return assumed_versions
+
+    def assumed(self, claim_key: str) -> dict[str, Any] | None:
+        """The version assumed for this claim while one is in flight, else None."""
+        with self.lock:
+            return self._assumed.get(ObjectKey(claim_key))
+
+    def forget_assumed_version(self, claim_key: str, version: dict[str, Any]) -> bool:
+        """``forget_assumed`` for this claim only while ``version`` (as ``assume_allocations``
+        returned it) is still what is assumed; False when something else replaced it meanwhile."""
+        with self.lock:
+            if self._assumed.get(ObjectKey(claim_key)) is not version:
+                return False
+            self.forget_assumed([claim_key])
+            return True
 
     def forget_assumed(self, claim_keys: list[str]) -> None:
         """Stop counting what we assumed for these claims (their writes failed): back to the server's."""
