@@ -13,7 +13,9 @@ and controller) and the apiserver's connections to the kubelets all stay on loop
 
 Pods get a network from the CNI bridge plugin (one bridge and /24 per node, no masquerade, no
 kube-proxy): enough to start the README's workloads; our own pods use the host network and reach
-the apiserver at 127.0.0.1 (the chart's ``apiServer.host``).
+the apiserver at 127.0.0.1 (the chart's ``apiServer.host``). Without kube-proxy the apiserver calls
+webhooks named by a Service at that Service's endpoints (``--enable-aggregator-routing``): the
+controller's allocation guard, at the leading replica's node address.
 """
 
 from __future__ import annotations
@@ -270,6 +272,9 @@ class LocalCluster:
                 "--authorization-mode=Node,RBAC",
                 "--enable-admission-plugins=NodeRestriction",
                 "--endpoint-reconciler-type=none",  # 127.0.0.1 is no valid Endpoints address
+                # No kube-proxy: webhooks named by a Service (the driver's allocation guard) are
+                # called at the Service's endpoint, not its ClusterIP.
+                "--enable-aggregator-routing=true",
                 "--allow-privileged=true",
                 f"--kubelet-client-certificate={kubelet_client.cert}",
                 f"--kubelet-client-key={kubelet_client.key}",

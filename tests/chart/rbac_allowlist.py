@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "AGENT_CODE",
+    "ALLOCATION_GUARD",
     "CONTROLLER_CODE",
     "GRANTS",
     "KUEUE_ADMISSION_CHECK",
@@ -255,6 +256,26 @@ GRANTS: tuple[Grant, ...] = (
         resource_names=("fractional-dra-controller",),
     ),
 )
+
+_GUARD_ENDPOINT = ("driver/controller/guard/endpoint.py",)
+
+# With controller.allocationGuard.enabled (the default).
+ALLOCATION_GUARD: tuple[Grant, ...] = (
+    Grant(
+        "controller", "namespace", "discovery.k8s.io", "endpointslices", ("create",),
+        "the leader points the allocation guard's Service (no selector) at itself with one EndpointSlice "
+        "(driver/controller/guard/endpoint.py); create cannot be restricted by name",
+        _GUARD_ENDPOINT,
+    ),
+    Grant(
+        "controller", "namespace", "discovery.k8s.io", "endpointslices", ("get", "update", "delete"),
+        "reads it when it takes over and every 30 s, rewrites it when it names another replica, and "
+        "withdraws it (with the resourceVersion it wrote as precondition) when it stops cleanly",
+        _GUARD_ENDPOINT,
+        resource_names=("fractional-dra-controller-allocation-guard-leader",),
+    ),
+)  # fmt: skip
+GRANTS = (*GRANTS, *ALLOCATION_GUARD)
 
 GANG_OBJECTS: tuple[Grant, ...] = tuple(
     Grant(

@@ -93,12 +93,15 @@ def test_renders_every_component(values_name: str) -> None:
         "DaemonSet": 1,
         "Deployment": 1,
         "ConfigMap": 1,
-        "Service": 2,
+        # The metrics Services, and the allocation guard's (no selector: the leader's EndpointSlice).
+        "Service": 3,
+        "Secret": 1,  # the allocation guard's serving certificate
+        "ValidatingWebhookConfiguration": 1,  # the allocation guard
         "ServiceAccount": 2,
         "ClusterRole": 2,
         "ClusterRoleBinding": 2,
-        "Role": 1,
-        "RoleBinding": 1,
+        "Role": 2,  # leader election, the allocation guard's EndpointSlice
+        "RoleBinding": 2,
         "DeviceClass": 2,
         # The agent's ResourceSlices, the controller's pods, pods' status (preemption), evictions and
         # claims (the agent's claim-status policy only before 1.36; Helm renders offline for 1.36).
@@ -124,6 +127,7 @@ _CLUSTER_SCOPED = {
     "ValidatingAdmissionPolicyBinding",
     "MutatingAdmissionPolicy",
     "MutatingAdmissionPolicyBinding",
+    "ValidatingWebhookConfiguration",
 }
 
 
@@ -178,6 +182,7 @@ def test_environment_is_understood_by_the_cli(values_name: str, monkeypatch: pyt
     controller_env = env_of(container(controller_pod, "controller"))
     downward = {"spec.nodeName": "node-a", "metadata.uid": "0d7f9b8e-uid", "metadata.namespace": NAMESPACE}
     downward["metadata.name"] = "fractional-dra-controller-abc"
+    downward["status.podIP"] = "10.244.1.7"
 
     def parse(command: str, env: dict[str, Any]) -> argparse.Namespace:
         return parse_cli_env(monkeypatch, command, env, downward)
@@ -317,7 +322,7 @@ def test_claims_choosing_their_backend_is_one_setting_for_agent_and_controller(
     """``sharing.allowClaimBackendOverride`` reaches both: the agent refuses at prepare and the
     controller never allocates a claim that names its own backend when it is false."""
     downward = {"spec.nodeName": "node-a", "metadata.namespace": NAMESPACE, "metadata.name": "c-0",
-                "metadata.uid": "uid-0"}  # fmt: skip
+                "metadata.uid": "uid-0", "status.podIP": "10.244.0.9"}  # fmt: skip
     for value in (True, False):
         values = {"fakeDevices": {"enabled": True}, "sharing": {"allowClaimBackendOverride": value}}
         objects = render_chart(values)
@@ -399,7 +404,10 @@ def test_two_controllers_without_leader_election_are_refused() -> None:
         render_chart({"controller": {"leaderElection": {"enabled": False}}})
     objects = render_chart({"controller": {"replicas": 1, "leaderElection": {"enabled": False}}})
     kinds = {o["kind"] for o in objects}
-    assert "Role" not in kinds and "PodDisruptionBudget" not in kinds
+    assert "PodDisruptionBudget" not in kinds
+    assert not [
+        o for o in objects if o["kind"] == "Role" and o["metadata"]["name"].endswith("-leader-election")
+    ]
 
 
 def test_service_monitor_only_when_enabled(default: list[dict[str, Any]]) -> None:

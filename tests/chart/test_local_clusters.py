@@ -90,6 +90,7 @@ def test_the_environment_is_understood_by_the_cli(
         "metadata.namespace": NAMESPACE,
         "metadata.name": "fractional-dra-controller-abc",
         "status.hostIP": "192.168.1.21",
+        "status.podIP": "192.168.1.21",  # hostNetwork: the pod's IP is the node's
     }
 
     def parse(command: str, env: dict[str, Any]) -> argparse.Namespace:
@@ -155,8 +156,11 @@ def test_host_network_serves_on_the_node_ip(component: str) -> None:
         # The node's IP, not 0.0.0.0: nodes that share one host's network each keep their port.
         assert env["FRACTIONAL_METRICS_HOST"] == ("fieldRef", "status.hostIP")
         # Probes still reach it: the kubelet probes the pod IP, which is the node's.
-        (port,) = spec["ports"]
+        port = spec["ports"][0]
         assert spec["livenessProbe"]["httpGet"]["port"] == port["name"] == "metrics"
+        # The controller's allocation guard listens on the same address (--metrics-host), and the
+        # leader publishes its pod IP, the node's, in the guard's EndpointSlice.
+        assert [p["name"] for p in spec["ports"][1:]] == (["guard"] if name == "controller" else [])
 
 
 def test_host_network_updates_replace_pods_one_by_one(local: list[dict[str, Any]]) -> None:

@@ -14,6 +14,7 @@ import pytest
 from chart_support import REPO_ROOT, VALUES_FILES, load_values, render_chart
 from rbac_allowlist import (
     AGENT_CODE,
+    ALLOCATION_GUARD,
     CONTROLLER_CODE,
     EXCLUDED_CODE,
     GRANTS,
@@ -60,6 +61,8 @@ def _expected(grants: Iterable[Grant]) -> set[Permission]:
 
 def _grants_for(values: dict[str, Any] | None) -> list[Grant]:
     grants = list(GRANTS)
+    if (values or {}).get("controller", {}).get("allocationGuard", {}).get("enabled") is False:
+        grants = [g for g in grants if g not in ALLOCATION_GUARD]
     if (values or {}).get("controller", {}).get("provisioningRequests", {}).get("enabled"):
         grants.extend(PROVISIONING_REQUESTS)
     if (values or {}).get("controller", {}).get("kueueAdmissionCheck", {}).get("enabled"):

@@ -41,6 +41,12 @@ app.kubernetes.io/component: {{ .component }}
 {{- printf "%s-controller" (include "fractional-dra.fullname" .) | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
+{{/* The allocation guard's Service, Secret (-tls) and webhook configuration; its EndpointSlice is
+<name>-leader (driver/controller/guard/endpoint.py). */}}
+{{- define "fractional-dra.allocationGuardName" -}}
+{{- printf "%s-allocation-guard" (include "fractional-dra.controllerName" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
 {{- define "fractional-dra.profilesName" -}}
 {{- printf "%s-profiles" (include "fractional-dra.fullname" .) | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
