@@ -71,6 +71,8 @@ def cache() -> ClusterCache:
     inventory = load_profile(resolve_profile("l4-2x"), node_name=NODE)  # two L4s, 22Gi usable each
     for resource_slice in build_resource_slices(inventory):
         cache.apply(Kind.SLICE, "ADDED", resource_slice)
+    for name in "abcx":  # claims that exist, unallocated: the ones reviews are about
+        cache.apply(Kind.CLAIM, "ADDED", a_claim(name))
     return cache
 
 
@@ -121,10 +123,29 @@ def test_what_is_no_admission_review_is_an_error(cache: ClusterCache, body: Any)
         make_guard(cache, Clock()).review(body)
 
 
+def test_only_a_claim_that_exists_unallocated_is_counted(cache: ClusterCache) -> None:
+    """The guard cannot tell kube-apiserver from anyone else who reaches its port: a review about a
+    claim that does not exist (or exists under another UID, or is allocated already) is answered
+    allowed and counted nowhere; a claim the cache does not know yet is read once."""
+    seen: list[str] = []
+    guard = make_guard(cache, Clock(), reads={"team/new": a_claim("new"), "team/gone": None}, seen=seen)
+    for name in ("gone", "ghost"):  # ghost: the read fails, so kube-apiserver is asked to try again
+        out = answer(guard.review(review(allocated(a_claim(name), "gpu-0", "22Gi"))))
+        assert out["allowed"] is (name == "gone"), out
+    assert seen == ["team/gone", "team/ghost"] and guard.in_flight() == 0
+    other_uid = allocated(a_claim("a"), "gpu-0", "22Gi")
+    other_uid["metadata"] = {**other_uid["metadata"], "uid": "someone-else"}
+    reads = {"team/a": a_claim("a")}
+    assert answer(make_guard(cache, Clock(), reads=reads).review(review(other_uid)))["allowed"] is True
+    assert answer(guard.review(review(allocated(a_claim("new"), "gpu-0", "22Gi"))))["allowed"] is True
+    assert guard.in_flight() == 1  # the claim the cache did not know yet, read and found: counted
+    assert answer(guard.review(review(allocated(a_claim("b"), "gpu-0", "1Gi"))))["allowed"] is False
+
+
 def test_writes_that_set_no_new_allocation_pass_untouched(cache: ClusterCache) -> None:
     guard = make_guard(cache, Clock())
-    stored = allocated(a_claim("a"), "gpu-0", "22Gi")
-    cache.apply(Kind.CLAIM, "ADDED", stored)
+    stored = allocated(a_claim("a", rv="2"), "gpu-0", "22Gi")
+    cache.apply(Kind.CLAIM, "MODIFIED", stored)
     reserved = {
         **stored,
         "status": {**stored["status"], "reservedFor": [{"resource": "pods", "name": "p", "uid": "u"}]},
@@ -155,21 +176,21 @@ def test_before_the_cache_is_synced_every_allocation_waits(cache: ClusterCache) 
 def test_a_claim_the_api_shows_gone_does_not_block_the_room_it_freed(cache: ClusterCache) -> None:
     """kube-scheduler saw the deletion before our watch did: the guard reads the claims in the
     way once before it refuses, and counts them as the API has them."""
-    stored = allocated(a_claim("a"), "gpu-0", "22Gi")
-    cache.apply(Kind.CLAIM, "ADDED", stored)
+    stored = allocated(a_claim("a", rv="2"), "gpu-0", "22Gi")
+    cache.apply(Kind.CLAIM, "MODIFIED", stored)
     seen: list[str] = []
     guard = make_guard(cache, Clock(), reads={"team/a": None}, seen=seen)
     assert answer(guard.review(review(allocated(a_claim("b"), "gpu-0", "10Gi"))))["allowed"] is True
     assert seen == ["team/a"]
-    unallocated = make_guard(cache, Clock(), reads={"team/a": a_claim("a", rv="2")})
+    unallocated = make_guard(cache, Clock(), reads={"team/a": a_claim("a", rv="3")})
     assert answer(unallocated.review(review(allocated(a_claim("c"), "gpu-0", "10Gi"))))["allowed"] is True
 
 
 def test_a_claim_the_api_still_holds_keeps_its_room_and_a_failed_read_proves_nothing(
     cache: ClusterCache,
 ) -> None:
-    stored = allocated(a_claim("a"), "gpu-0", "22Gi")
-    cache.apply(Kind.CLAIM, "ADDED", stored)
+    stored = allocated(a_claim("a", rv="2"), "gpu-0", "22Gi")
+    cache.apply(Kind.CLAIM, "MODIFIED", stored)
     still = make_guard(cache, Clock(), reads={"team/a": stored})
     assert answer(still.review(review(allocated(a_claim("b"), "gpu-0", "10Gi"))))["allowed"] is False
     unread = make_guard(cache, Clock(), reads={})

@@ -22,6 +22,12 @@ An admitted write that never shows up stored (refused later by another admission
 request failed) would hold its room: it is not counted against another write once it is
 ``confirm_after_seconds`` old and the API shows no such allocation, and it is forgotten after
 ``forget_after_seconds`` in any case.
+
+The guard cannot tell kube-apiserver from anyone else who reaches its port, so what a review can
+make it count is bounded: only a claim that exists, unallocated, with the review's UID (the cache,
+else one read of the API) is counted, one allocation per claim, for at most
+``forget_after_seconds``. A review about any other claim is answered "allowed" and counted nowhere
+(the apiserver would store nothing for it).
 """
 
 from __future__ import annotations
@@ -53,7 +59,7 @@ class ReviewError(ValueError):
 @dataclass(frozen=True, slots=True)
 class GuardSettings:
     confirm_after_seconds: float = 2.0
-    forget_after_seconds: float = 30.0
+    forget_after_seconds: float = 10.0
 
 
 @dataclass
@@ -93,6 +99,13 @@ def _response(
     return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": answer}
 
 
+def _unallocated(claim: Mapping[str, Any] | None, uid: str) -> bool:
+    """``claim`` exists with this UID and holds no allocation."""
+    if claim is None or not uid:
+        return False
+    return str((claim.get("metadata") or {}).get("uid") or "") == uid and _allocation(claim) is None
+
+
 def _stands(current: Mapping[str, Any] | None, counted: Mapping[str, Any]) -> bool:
     """Does the claim as the API holds it (``current``; None: gone) still hold what we count?"""
     if current is None:
@@ -129,13 +142,28 @@ class AllocationGuard:
         request = body.get("request") if isinstance(body, Mapping) else None
         if not isinstance(request, Mapping) or not isinstance(request.get("uid"), str):
             raise ReviewError("not an admission.k8s.io/v1 AdmissionReview with a request and its uid")
-        uid = str(request["uid"])
+        request_uid = str(request["uid"])
         claim, old = request.get("object"), request.get("oldObject")
         allocation = _allocation(claim)
         if allocation is None or _allocation(old) is not None or not isinstance(claim, Mapping):
-            return self._answer("not_an_allocation", started, _response(uid, True))
+            return self._answer("not_an_allocation", started, _response(request_uid, True))
         claim = dict(claim)
         key = str(object_key(claim))
+        uid = str((claim.get("metadata") or {}).get("uid") or "")
+        with self.cache.lock:
+            known = _unallocated(self.cache.get(Kind.CLAIM, key), uid)
+            synced = self._synced
+        if synced and not known:
+            exists = self._exists_unallocated(key, uid)
+            if exists is None:
+                message = (
+                    f"the fractional.dev allocation guard could not read ResourceClaim {bounded(key)}; "
+                    "try again"
+                )
+                return self._answer("starting", started, _response(
+                    request_uid, False, code=503, reason="ServiceUnavailable", message=message))  # fmt: skip
+            if not exists:  # no such claim to store it in: nothing to count
+                return self._answer("unknown_claim", started, _response(request_uid, True))
         with self.cache.lock:
             if not self._synced:
                 message = (
@@ -143,19 +171,19 @@ class AllocationGuard:
                     "synced yet; try again"
                 )
                 return self._answer("starting", started, _response(
-                    uid, False, code=503, reason="ServiceUnavailable", message=message))  # fmt: skip
+                    request_uid, False, code=503, reason="ServiceUnavailable", message=message))  # fmt: skip
             self.sweep()
             if _results(allocation) == _results(_allocation(self.cache.assumed(key))):
-                return self._answer("allowed", started, _response(uid, True))  # our own write
+                return self._answer("allowed", started, _response(request_uid, True))  # our own write
             found = check_booking(self.cache.state, claim)
             if not found:
                 self._admit(key, claim, allocation)
-                return self._answer("allowed", started, _response(uid, True))
+                return self._answer("allowed", started, _response(request_uid, True))
             standing = self._standing_in_the_way(found, key)
         if self.read_claim is not None and standing:
             found = self._check_again(claim, key, allocation, standing)
             if not found:
-                return self._answer("allowed", started, _response(uid, True))
+                return self._answer("allowed", started, _response(request_uid, True))
         message = f"ResourceClaim {bounded(key)}: " + "; ".join(o.describe() for o in found[:4])
         if len(found) > 4:
             message += f"; and {len(found) - 4} more"
@@ -165,7 +193,7 @@ class AllocationGuard:
         )
         log.info("allocation refused", extra={"claim": bounded(key), "devices": len(found),
                  "first": bounded(found[0].describe())})  # fmt: skip
-        return self._answer("refused", started, _response(uid, False, code=403, reason="Forbidden",
+        return self._answer("refused", started, _response(request_uid, False, code=403, reason="Forbidden",
                             message=message))  # fmt: skip
 
     def sweep(self) -> None:
@@ -182,6 +210,18 @@ class AllocationGuard:
                     log.warning("admitted allocation never stored, forgotten", extra={"claim": bounded(key)})
 
     # -- helpers (cache.lock held where said) ------------------------------------------------------
+
+    def _exists_unallocated(self, key: str, uid: str) -> bool | None:
+        """Is there, per the API, a claim ``key`` with this UID and no allocation? None: the API did
+        not say (no lock held)."""
+        if self.read_claim is None or not uid:
+            return False
+        namespace, _, name = key.partition("/")
+        try:
+            return _unallocated(self.read_claim(namespace, name), uid)
+        except Exception as error:  # not read: the caller asks kube-apiserver to try again
+            log.info("claim read failed", extra={"claim": bounded(key), "error": bounded(error)})
+            return None
 
     def _answer(self, outcome: str, started: float, answer: dict[str, Any]) -> dict[str, Any]:
         if outcome != "not_an_allocation":
