@@ -13,9 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes import client
 
 from driver.controller.guard import GUARD_PATH, AllocationGuard, GuardServer, GuardSettings, ReviewError
 from driver.controller.metrics import ControllerMetrics
+from driver.controller.model.objects import GangKey
+from driver.controller.preemption.preemptor import Nomination, Preemptor
 from driver.controller.view.cache import ClusterCache, Kind
 from driver.inventory.fake import load_profile, resolve_profile
 from driver.slices import build_resource_slices
@@ -350,3 +353,35 @@ def test_the_controller_serves_the_guard_from_its_own_view(
     finally:
         connection.close()
     assert running.shutdown() == 0
+
+
+def test_room_nominated_for_a_preemptor_is_kept_from_lower_priority_pods(cache: ClusterCache) -> None:
+    """Our preemptor evicted pods to free a GPU for a gang of priority 1000; kube-scheduler's pod
+    (ungated, of lower priority) must not take that room first: nominated devices are held against
+    pods of lower or equal priority, as kube-scheduler holds them for its own nominated pods."""
+    preemptor = Preemptor(cache=cache, configuration=client.Configuration())
+    whole_gpu = allocated(a_claim("urgent"), "gpu-0", "22Gi")["status"]["allocation"]
+    preemptor.nominations[GangKey("team/urgent")] = Nomination(
+        priority=1000, pod_nodes={"team/urgent-0": NODE}, allocations=((a_claim("urgent"), whole_gpu),),
+        victim_pods=frozenset(), victim_claims=(), deadline=float("inf"),
+    )  # fmt: skip
+    guard = make_guard(cache, Clock())
+    guard.holds = preemptor.holding_against
+    for name, priority in (("low", 10), ("high", 5000)):
+        cache.apply(Kind.POD, "ADDED", {"apiVersion": "v1", "kind": "Pod",
+                    "metadata": {"name": name, "namespace": "team", "uid": f"pod-{name}"},
+                    "spec": {"priority": priority, "containers": [{"name": "c", "image": "i"}]}})  # fmt: skip
+
+    def write_for(pod: str, claim: str) -> dict[str, Any]:
+        new = allocated(a_claim(claim), "gpu-0", "1Gi")
+        new["status"]["reservedFor"] = [{"resource": "pods", "name": pod, "uid": f"pod-{pod}"}]
+        return review(new)
+
+    refused = answer(guard.review(write_for("low", "a")))
+    assert refused["allowed"] is False and "22Gi of 22Gi already allocated" in refused["status"]["message"]
+    assert answer(guard.review(write_for("high", "b")))["allowed"] is True
+    assert answer(guard.review(review(allocated(a_claim("c"), "gpu-1", "1Gi"))))["allowed"] is True
+    assert cache.state.committed_consumed(("fractional.dev", NODE, "gpu-0")) == {
+        "memory": 1 << 30,
+        "compute": 10,
+    }

@@ -32,9 +32,11 @@ else one read of the API) is counted, one allocation per claim, for at most
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +51,8 @@ __all__ = ["AllocationGuard", "GuardSettings", "ReviewError"]
 log = logging.getLogger(__name__)
 
 ClaimReader = Callable[[str, str], "dict[str, Any] | None"]  # (namespace, name) -> the claim, None: gone
+# The devices held for preemptors of at least this priority, counted as taken inside the block.
+Holds = Callable[[int], AbstractContextManager[None]]
 MAX_CONFIRM_READS = 16  # claims read before a refusal (each a GET; the apiserver waits for us)
 
 
@@ -121,6 +125,7 @@ class AllocationGuard:
     cache: ClusterCache
     metrics: ControllerMetrics
     read_claim: ClaimReader | None = None  # None: refuse on the cache's view alone
+    holds: Holds | None = None  # None: no preemptor, nothing held
     settings: GuardSettings = field(default_factory=GuardSettings)
     clock: Callable[[], float] = time.monotonic
     _synced: bool = False
@@ -175,7 +180,8 @@ class AllocationGuard:
             self.sweep()
             if _results(allocation) == _results(_allocation(self.cache.assumed(key))):
                 return self._answer("allowed", started, _response(request_uid, True))  # our own write
-            found = check_booking(self.cache.state, claim)
+            with self._held(claim):
+                found = check_booking(self.cache.state, claim)
             if not found:
                 self._admit(key, claim, allocation)
                 return self._answer("allowed", started, _response(request_uid, True))
@@ -210,6 +216,20 @@ class AllocationGuard:
                     log.warning("admitted allocation never stored, forgotten", extra={"claim": bounded(key)})
 
     # -- helpers (cache.lock held where said) ------------------------------------------------------
+
+    def _held(self, claim: Mapping[str, Any]) -> AbstractContextManager[None]:
+        """The devices nominated to preemptors of at least the priority of the pods the claim is
+        reserved for (kube-scheduler writes the reservation with the allocation); under cache.lock."""
+        if self.holds is None:
+            return contextlib.nullcontext()
+        namespace = (claim.get("metadata") or {}).get("namespace")
+        priorities = []
+        for reserved in ((claim.get("status") or {}).get("reservedFor")) or ():
+            if isinstance(reserved, Mapping) and reserved.get("resource") == "pods":
+                pod = self.cache.get(Kind.POD, f"{namespace}/{reserved.get('name')}")
+                value = ((pod or {}).get("spec") or {}).get("priority")
+                priorities.append(value if isinstance(value, int) else 0)
+        return self.holds(max(priorities, default=0))
 
     def _exists_unallocated(self, key: str, uid: str) -> bool | None:
         """Is there, per the API, a claim ``key`` with this UID and no allocation? None: the API did
@@ -285,7 +305,8 @@ class AllocationGuard:
                     uid = str((counted.get("metadata") or {}).get("uid") or other)
                     self.cache.state.remove_claim(uid)  # gone or deallocated in the API already
                     set_aside.append(counted)
-                found = check_booking(self.cache.state, claim)
+                with self._held(claim):
+                    found = check_booking(self.cache.state, claim)
                 if not found:
                     self._admit(key, claim, allocation)
             finally:

@@ -10,10 +10,12 @@ allocation or went away) and on the periodic resync.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from functools import partial
 from typing import Any
 
@@ -171,7 +173,9 @@ class Controller:
         self.guard: AllocationGuard | None = None
         if guard:
             self._guard_api = new_api_client(configuration)
-            self.guard = AllocationGuard(cache=self.cache, metrics=self.metrics, read_claim=self._read_claim)
+            self.guard = AllocationGuard(
+                cache=self.cache, metrics=self.metrics, read_claim=self._read_claim, holds=self._held_against
+            )
 
     # -- lifecycle ------------------------------------------------------------------------------------
 
@@ -198,6 +202,11 @@ class Controller:
                 thread.join(max(0.0, deadline - time.monotonic()))
         if self._guard_api is not None:
             self._guard_api.close()  # type: ignore[no-untyped-call]
+
+    def _held_against(self, priority: int) -> AbstractContextManager[None]:
+        """The guard's view of the preemptor's nominations (the reconciler owns the preemptor)."""
+        preemptor = self.reconciler.preemptor if self.reconciler is not None else None
+        return preemptor.holding_against(priority) if preemptor is not None else contextlib.nullcontext()
 
     def allow_decisions(self) -> None:
         self._decisions_allowed.set()

@@ -209,6 +209,15 @@ class Preemptor:
         with tentative_allocations(self.cache, pairs):
             yield
 
+    @contextmanager
+    def holding_against(self, priority: int) -> Iterator[None]:
+        """Count as taken, for the block, the devices nominated to gangs of at least ``priority``
+        (kube-scheduler's own rule for nominated pods). The allocation guard checks another
+        allocator's write this way, so the room a preemptor freed is not taken by a pod that
+        would not have been allowed to preempt for it. Under ``cache.lock``."""
+        with self._holding(frozenset(g for g, n in self.nominations.items() if n.priority >= priority)):
+            yield
+
     def decide_all(
         self, plans: list[GangPlan], *, policy: str, decide_all: DecideAll
     ) -> list[Decision | AllocationError]:
