@@ -3,7 +3,8 @@ pod goes (deleted, or its process killed outright), the other replica takes the 
 the gangs that arrived meanwhile, all or nothing.
 
 The failover times are written to ``.cluster/leader-failover.json`` for the record: from the
-leader's end to the Lease naming the other replica, and to the first gang placed after it.
+leader's end to the Lease naming the other replica, to the allocation guard's EndpointSlice naming
+it, and to the first gang placed after it.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 RELEASE_NAMESPACE = "fractional-system"
 LEASE = "fractional-dra-controller"
+GUARD_SERVICE = "fractional-dra-controller-allocation-guard"
 GATE = "fractional.dev/allocation"
 RESULTS = REPO_ROOT / ".cluster" / "leader-failover.json"
 
@@ -65,6 +67,7 @@ def _two_replicas_and_a_leader() -> tuple[str, str]:
     pods = wait_for(lambda: _controller_pods() if len(_controller_pods()) == 2 else None, timeout=300,
                     what="two running controller replicas")  # fmt: skip
     leader = wait_for(lambda: _holder() if _holder() in pods else None, timeout=120, what="a leader")
+    wait_for(lambda: _guard_endpoint() == leader, timeout=60, what="the allocation guard on the leader")
     (standby,) = [p for p in pods if p != leader]
     return leader, standby
 
@@ -82,6 +85,14 @@ def _process_of(pod_name: str) -> int:
         if f"FRACTIONAL_IDENTITY={pod_name}".encode() in environ and b"controller" in cmdline:
             return int(entry.name)
     raise AssertionError(f"no process of {pod_name} on this machine")
+
+
+def _guard_endpoint() -> str | None:
+    """The pod the allocation guard's Service points at (the leader writes its EndpointSlice)."""
+    slices = list_items("endpointslices", "-n", RELEASE_NAMESPACE, "-l",
+                        f"kubernetes.io/service-name={GUARD_SERVICE}")  # fmt: skip
+    targets = [e.get("targetRef", {}).get("name") for s in slices for e in s.get("endpoints") or ()]
+    return targets[0] if len(targets) == 1 else None
 
 
 def _renewed_after(moment: datetime) -> bool:
@@ -112,6 +123,10 @@ def _failover(namespace: str, end_leader: str, gang: str) -> dict[str, float]:
     wait_for(led_again, timeout=120, what="a replica leading again", interval=0.5)
     lease_seconds = time.monotonic() - started
     new_holder = _holder()
+    # The allocation guard follows the leader: its EndpointSlice names the new leader's pod.
+    wait_for(lambda: _guard_endpoint() == new_holder, timeout=60, interval=0.5,
+             what="the guard's endpoint on the new leader")  # fmt: skip
+    guard_seconds = time.monotonic() - started
     for name in names:
         wait_for(lambda n=name: running(n, namespace), timeout=POD_START_SECONDS, what=f"gang pod {name}")
     placed_seconds = time.monotonic() - started
@@ -119,6 +134,7 @@ def _failover(namespace: str, end_leader: str, gang: str) -> dict[str, float]:
     return {
         "lease_taken_s": round(lease_seconds, 1),
         "gang_running_s": round(placed_seconds, 1),
+        "allocation_guard_on_the_new_leader_s": round(guard_seconds, 1),
         "new_leader_is_the_standby": float(new_holder == standby),
         "samples_with_the_gang_half_ungated": float(len(half_placed)),
     }

@@ -151,11 +151,14 @@ def test_a_high_priority_gang_preempts_what_the_budget_allows(idle: str) -> None
 
 def test_kube_schedulers_ungated_preemptor_and_ours_do_not_fight(idle: str) -> None:
     """Recorded on 1.37.2: kube-scheduler does not preempt for DRA devices (its ungated pod waits
-    with FailedScheduling), while ours evicts one pod. But kube-scheduler then allocates the GPU
-    that eviction freed to its own waiting pod, as our controller does: both are booked on it, the
-    node agent prepares the first and refuses the second (ShareRefused). What must hold: no eviction
-    storm (one GPU wanted by each: at most two evicted), none under the budget, and each of the two
-    high-priority pods running or waiting with a reason. Who won is recorded."""
+    with FailedScheduling), while ours evicts one pod. Before the allocation guard, kube-scheduler
+    then allocated the GPU that eviction freed to its own waiting pod, as our controller did: both
+    were booked on it, the node agent prepared the first and refused the second (ShareRefused).
+    Now the guard holds the devices nominated to our preemptor against pods of lower or equal
+    priority, as kube-scheduler does for its own nominated pods: kube-scheduler's write is refused
+    and ours runs on the GPU it freed. What must hold: no eviction storm (one GPU wanted by each:
+    at most two evicted), none under the budget, ours running, theirs waiting with a reason, and
+    no device booked twice."""
     namespace = idle
     _priority_classes()
     keep, _ = _fill(namespace)
@@ -174,7 +177,12 @@ def test_kube_schedulers_ungated_preemptor_and_ours_do_not_fight(idle: str) -> N
         for name in ("ours", "theirs")
     }
     evicted = sorted({e["involvedObject"]["name"] for e in _events(namespace, "Preempted")})
-    figures = {"outcomes": outcomes, "evicted": evicted}
+    figures: dict[str, Any] = {"outcomes": outcomes, "evicted": evicted}
+    figures["overcommitted"] = sorted(
+        {e["involvedObject"]["name"] for e in _events(namespace, "DeviceOvercommitted")}
+    )
     _record("kube-scheduler's ungated preemptor beside ours", figures)
     assert len(evicted) <= 2, figures
     assert not set(evicted) & set(keep), figures
+    assert outcomes["ours"] == "running", figures
+    assert not figures["overcommitted"], figures

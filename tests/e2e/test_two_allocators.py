@@ -1,22 +1,24 @@
 """Both allocators on the same GPUs: our controller (gated pods) and kube-scheduler (ungated pods)
 allocate shares of mixed sizes from the same devices at the same time, with deletions in between.
 
-Nothing in the API serializes two allocators: each decides on what it has seen, and what the
-other wrote in the last second or two is not among it. Recorded from kube-scheduler 1.37.2 and our
-controller (both packing onto the fullest GPU): the *allocations* of 150 + 150 pods summed to 1.3x
-a device's memory and 1.25x its compute. What holds, and is checked here from outside, at every
-point sampled and at the end:
-- on every device, the shares actually in use (claims of running pods, which the node agent
-  prepared) stay within the capacity the device publishes, per dimension: the agent refuses the
-  share that would go past it;
-- every device booked past its capacity is reported: a DeviceOvercommitted Event on its claims;
+Nothing in the API itself orders two allocators: each decides on what it has seen, and what the
+other wrote in the last second or two is not among it. Before the allocation guard (recorded from
+kube-scheduler 1.37.2 and our controller, both packing onto the fullest GPU) the *allocations* of
+150 + 150 pods summed to up to 2.0x a device's compute and 1.57x its memory. The guard, a validating
+webhook served by the leading controller, checks every allocation kube-scheduler writes for our
+devices against everything counted before it, ours in flight included, and refuses the one that
+would book a device past its capacity (kube-scheduler tries that pod again). What is checked here
+from outside, at every point sampled and at the end:
+- on every device, the sum of the allocated claims' consumedCapacity stays within the capacity the
+  device publishes, per dimension (and so do the shares in use by running pods);
+- no device is reported DeviceOvercommitted (nothing is);
 - every pod is either running with its claim allocated, or waiting with a reason (kube-scheduler's
   PodScheduled condition or Event, the kubelet's FailedPrepareDynamicResources, or our Events);
 - no claim is allocated on a node other than its pod's, and no device appears twice in one claim.
 
-The figures (pods, deletions, the largest sum seen against capacity) are written to
-``.cluster/two-allocators.json`` for the record. FRACTIONAL_E2E_STRESS_PODS sets the number of
-pods of each kind (150 by default).
+The figures (pods, deletions, the largest sum seen against capacity, the guard's refusals) are
+written to ``.cluster/two-allocators.json`` for the record. FRACTIONAL_E2E_STRESS_PODS sets the
+number of pods of each kind (150 by default).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import os
 import random
 import threading
 import time
+import urllib.request
 from collections import defaultdict
 from typing import Any
 
@@ -173,6 +176,28 @@ def _waiting_reason(pod_object: dict[str, Any], events: dict[str, list[str]]) ->
     return "; ".join(reasons) if reasons else None
 
 
+def _guard_reviews() -> dict[str, float] | None:
+    """The leading controller's allocation guard counters, read from its metrics port when this
+    machine can reach it (the local cluster's pods run on the host network); None otherwise."""
+    counts: dict[str, float] = {}
+    for controller in list_items(
+        "pods", "-n", "fractional-system", "-l", "app.kubernetes.io/component=controller"
+    ):
+        address = (controller.get("status") or {}).get("podIP")
+        if not address:
+            continue
+        try:
+            with urllib.request.urlopen(f"http://{address}:8081/metrics", timeout=5) as response:
+                text = response.read().decode()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            if line.startswith("fractional_controller_allocation_guard_reviews_total{"):
+                outcome = line.split('outcome="', 1)[1].split('"', 1)[0]
+                counts[outcome] = counts.get(outcome, 0.0) + float(line.rsplit(" ", 1)[1])
+    return counts or None
+
+
 def test_both_allocators_never_book_the_same_capacity_twice(namespace: str) -> None:
     rng = random.Random(20261201)
     capacity = _capacities()
@@ -246,8 +271,15 @@ def test_both_allocators_never_book_the_same_capacity_twice(namespace: str) -> N
                 problems.append(f"{name} is Pending with no reason")
         else:
             problems.append(f"{name} is {phase}")
+    refused_by_guard = sum(
+        1
+        for e in list_items("events", "-n", namespace)
+        if e.get("reason") == "FailedScheduling" and "allocation guard" in (e.get("message") or "")
+    )
     figures = {
         "pods_each_kind": PODS_EACH,
+        "pods_told_the_guard_refused_their_allocation": refused_by_guard,
+        "guard_reviews": _guard_reviews(),
         "deleted": len(deleted),
         "samples": sampler.samples,
         "largest_booked_over_capacity": dict(sampler.highest),
@@ -263,6 +295,7 @@ def test_both_allocators_never_book_the_same_capacity_twice(namespace: str) -> N
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(figures, indent=2) + "\n", encoding="utf-8")
     assert sampler.samples >= 3, figures
+    assert not sampler.over, figures  # booked: the allocation guard orders the two allocators
     assert not sampler.over_in_use, figures
     assert not left_unreported, figures
     assert not sampler.doubled, figures
