@@ -556,3 +556,40 @@ def test_agent_claim_status_writes(cluster: Cluster, case: str) -> None:
         assert answer.status == 422 and (
             GRANULAR in answer.message or "ValidatingAdmissionPolicy" in answer.message
         )
+
+
+def test_the_controller_writes_only_its_allocation_guard_endpoint(cluster: Cluster) -> None:
+    """RBAC for the allocation guard: the controller may create EndpointSlices in the release
+    namespace (create cannot be limited by name) and read, rewrite and delete only its own
+    ``<release>-controller-allocation-guard-leader``; nothing elsewhere."""
+    from driver.controller.guard import build_endpoint_slice
+
+    service = f"{RELEASE}-controller-allocation-guard"
+    path = f"/apis/discovery.k8s.io/v1/namespaces/{NAMESPACE}/endpointslices"
+    ours = build_endpoint_slice(
+        namespace=NAMESPACE, service=service, address="10.0.0.7", port=9443, pod_name="c-0"
+    )
+    name = ours["metadata"]["name"]
+    created = cluster.controller.ok("POST", path, ours)
+    assert cluster.controller.ok("GET", f"{path}/{name}")["metadata"]["uid"] == created["metadata"]["uid"]
+    moved = {**created, "endpoints": [{**created["endpoints"][0], "addresses": ["10.0.0.8"]}]}
+    cluster.controller.ok("PUT", f"{path}/{name}", moved)
+    other = build_endpoint_slice(
+        namespace=NAMESPACE, service="someone-else", address="10.0.0.9", port=80, pod_name=""
+    )
+    stored_other = cluster.admin.ok("POST", path, other)
+    other_name = stored_other["metadata"]["name"]
+    for method, target, body in (
+        ("GET", f"{path}/{other_name}", None),
+        ("PUT", f"{path}/{other_name}", {**stored_other, "endpoints": []}),
+        ("DELETE", f"{path}/{other_name}", None),
+        (
+            "POST",
+            f"/apis/discovery.k8s.io/v1/namespaces/{WORKLOADS}/endpointslices",
+            _for_create(ours, name, WORKLOADS),
+        ),
+    ):
+        answer = cluster.controller(method, target, body)
+        assert answer.status == 403, (method, target, answer)
+    cluster.controller.ok("DELETE", f"{path}/{name}")
+    cluster.admin("DELETE", f"{path}/{other_name}")
