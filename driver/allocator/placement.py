@@ -7,10 +7,11 @@ Cluster mode places pod groups (claims that must share a node) one after another
 applied to the ledger so later groups see it, and undoes everything unless every group fits (a gang is
 all-or-nothing). Candidate nodes come from the free-capacity index when every request of the group
 asks for the same indexed capacity (``memory``): only nodes with a device that has enough free are
-looked at, in best-fit order (shared devices in use first, a single share scored by all of a device's
-capacities with ``residual_score``, then unused devices); otherwise all nodes are scanned. Nodes that
-cannot take a group are remembered per (group signature, node version), and infeasible gangs are
-rejected by capacity pre-checks (total free, per-node free, devices per node) before any search.
+looked at, in best-fit order (shared devices in use first, a single share going to the fullest by
+all of a device's capacities, ``room_score``, then unused devices); otherwise all nodes are scanned.
+Nodes that cannot take a group are remembered per (group signature, node version), and infeasible
+gangs are rejected by capacity pre-checks (total free, per-node free, devices per node) before any
+search.
 Multi-group gangs first try one node for everything, then prefer nodes the gang already uses, then
 nodes sharing the topology label value, then the nodes with the most free capacity.
 """
@@ -22,7 +23,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from driver.allocator.backends import backend_for
-from driver.allocator.capacity import CAPACITY_WEIGHTS, compute_consumption, free_term, residual_score
+from driver.allocator.capacity import CAPACITY_WEIGHTS, compute_consumption, room_score, room_term
 from driver.allocator.model import Claim, Request, parse_claim
 from driver.allocator.quantity import Number
 from driver.allocator.results import render_allocation
@@ -446,8 +447,8 @@ class _Gang:
             yield node, (in_use, free)
 
     def _scored_share_nodes(self, key: str, largest: Number, request: Request) -> list[tuple[str, float]]:
-        """Nodes of the in-use shared devices that can take ``request``, best-fit first by every
-        capacity (``residual_score``), not by memory alone.
+        """Nodes of the in-use shared devices that can take ``request``, fullest first by every
+        capacity (``room_score``, the load before the share), not by memory alone.
 
         The index lists in-use devices by ascending free memory, so the memory part of the score only
         grows along the walk: it stops once that part alone passes the best score found (exact for
@@ -466,14 +467,13 @@ class _Gang:
             if device is None:
                 continue
             examined += 1
-            committed = state.committed_consumed(device_id)
-            consumed = compute_consumption(device, request.capacity, committed, None)
-            if consumed is None:
-                continue
-            memory_left = float(free - consumed.get(key, 0)) / float(device.capacity[key].value)
-            if best is not None and CAPACITY_WEIGHTS.get(key, 1.0) * free_term(memory_left) > best:
+            used = 1.0 - float(free) / float(device.capacity[key].value)
+            if best is not None and CAPACITY_WEIGHTS.get(key, 1.0) * room_term(used) > best:
                 break
-            score = residual_score(device, committed, consumed)
+            committed = state.committed_consumed(device_id)
+            if compute_consumption(device, request.capacity, committed, None) is None:
+                continue
+            score = room_score(device, committed)
             scored.append((score, len(scored), node))
             best = score if best is None else min(best, score)
         scored.sort()

@@ -10,10 +10,11 @@ each; the 32-result limit moves on to the next alternative; per-candidate checks
 (counters included, as fixed by PR #140431).
 
 ``best_fit=True`` changes only the *order* in which valid candidates are tried (packing first: shared
-devices in use, then the least room left by every capacity, normalised (``residual_score``); then
-topology; then upstream order) and keeps the best of the first few complete solutions; every check is
-the same code, so a best-fit allocation is one the first-fit rules accept. A step budget bounds the
-search; the caller falls back to first-fit when best-fit runs out of budget.
+devices in use, then the fullest by every capacity, normalised (``room_score``: the load before the
+share, not the room it would leave); then topology; then upstream order) and keeps the best of the
+first few complete solutions; every check is the same code, so a best-fit allocation is one the
+first-fit rules accept. A step budget bounds the search; the caller falls back to first-fit when
+best-fit runs out of budget.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from driver.allocator.backends import (
     device_default_backend,
     device_runs_backend,
 )
-from driver.allocator.capacity import compute_consumption, residual_score
+from driver.allocator.capacity import compute_consumption, room_score
 from driver.allocator.celenv import SelectorError, evaluate_selector
 from driver.allocator.model import (
     MAX_RESULTS,
@@ -521,18 +522,16 @@ class NodeSearch:
 
     # ------------------------------------------------------------ best-fit ordering and scoring
 
-    def _packing_key(self, device: Device, consumed: dict[str, Number] | None) -> tuple[int, float]:
-        """(0 for a shared device already in use, else 1; its normalised room left after ``consumed``)."""
-        device_id = device.id
-        in_use = self.state.share_count(device_id) or self.allocating_shares.get(device_id)
+    def _packing_key(
+        self, device: Device, committed: dict[str, Number] | None, allocating: dict[str, Number] | None
+    ) -> tuple[int, float]:
+        """(0 for a shared device already in use, else 1; how empty it is before this share, from its
+        ``committed`` load and what this pass is ``allocating`` there: ``room_score``, fullest first)."""
+        in_use = self.state.share_count(device.id) or self.allocating_shares.get(device.id)
         opened = 0 if (device.allow_multiple and in_use) else 1
-        if consumed is None or not device.allow_multiple:
+        if not device.allow_multiple:
             return (opened, 0.0)
-        committed = self.state.committed_consumed(device_id)
-        allocating = self.allocating_capacity.get(device_id)
-        if allocating:
-            consumed = {k: v + allocating.get(k, 0) for k, v in consumed.items()}
-        return (opened, residual_score(device, committed, consumed))
+        return (opened, room_score(device, committed, allocating))
 
     def _topology_distance(self, ci: int, device: Device) -> int:
         chosen = self.results[ci]
@@ -552,22 +551,20 @@ class NodeSearch:
         for candidate in self.candidates:
             device = candidate.device
             committed = self.state.committed_consumed(device.id)
-            consumed = compute_consumption(
-                device, request.capacity, committed, self.allocating_capacity.get(device.id)
-            )
-            if consumed is None:
+            allocating = self.allocating_capacity.get(device.id)
+            if compute_consumption(device, request.capacity, committed, allocating) is None:
                 continue
-            opened, left = self._packing_key(device, consumed)
-            keyed.append(((opened, left, self._topology_distance(ci, device), candidate.position), candidate))
+            opened, room = self._packing_key(device, committed, allocating)
+            keyed.append(((opened, room, self._topology_distance(ci, device), candidate.position), candidate))
         keyed.sort(key=lambda item: item[0])
         return [candidate for _, candidate in keyed]
 
     def score(self, entries: tuple[tuple[Entry, ...], ...]) -> tuple[Any, ...]:
-        """Lower is better: (devices newly opened, normalised room left on shared devices, topology tier)."""
+        """Lower is better: (devices newly opened, how empty the shared devices it uses were before it
+        (``room_score`` of each, summed: the fewest and fullest), topology tier)."""
         opened = 0
-        left = 0.0
+        room = 0.0
         tier = 0
-        consumed_by: dict[DeviceID, dict[str, Number]] = {}
         devices: dict[DeviceID, Device] = {}
         for claim_entries in entries:
             roots = {e.candidate.device.pcie_root for e in claim_entries}
@@ -586,10 +583,6 @@ class NodeSearch:
                     devices[device.id] = device
                     if not (device.allow_multiple and self.state.share_count(device.id)):
                         opened += 1
-                if device.allow_multiple:
-                    total = consumed_by.setdefault(device.id, {})
-                    for key, value in (entry.consumed or {}).items():
-                        total[key] = total.get(key, 0) + value
-        for device_id, consumed in consumed_by.items():
-            left += residual_score(devices[device_id], self.state.committed_consumed(device_id), consumed)
-        return (opened, left, tier)
+                    if device.allow_multiple:
+                        room += room_score(device, self.state.committed_consumed(device.id))
+        return (opened, room, tier)

@@ -1,5 +1,6 @@
-"""Best-fit counts every capacity, normalised (not memory alone): a share goes where it closes a device
-in whichever capacity binds, keeping room shaped for what comes next."""
+"""Best-fit counts every capacity, normalised (not memory alone): a share goes to the fullest device in
+use that can take it, fullness being the weighted L4 norm of the fractions used (compute counting
+double: ``capacity.room_score``), keeping the emptier devices' room for what comes next."""
 
 from __future__ import annotations
 
@@ -57,19 +58,30 @@ def _place_then(
 
 @pytest.mark.parametrize("cluster_mode", [True, False])
 def test_compute_counts_as_much_as_memory(cluster_mode: bool) -> None:
-    """GPU a keeps 40 GiB and 90 % compute, GPU b 45 GiB and 45 %. A 35 GiB / 40 % share leaves a
-    with 5 GiB / 50 % (memory-only best-fit's pick: the least memory left) or b with 10 GiB / 5 %.
-    Counting compute too it goes to b, and a can still take a 30 GiB / 80 % share afterwards."""
+    """GPU a has 50 % of its memory and 10 % of its compute in use, GPU b 44 % and 55 %. Memory alone
+    a is the fuller (and a 35 GiB / 40 % share would leave it the least memory); counting compute too
+    b is, so the share goes to b, and a can still take a 30 GiB / 80 % share afterwards."""
     state, node = _two_gpus(cluster_mode, (40, 10), (35, 55))
     _place_then(state, node, cluster_mode, share("first", 35, 40), share("second", 30, 80))
 
 
 @pytest.mark.parametrize("cluster_mode", [True, False])
 def test_compute_left_over_weighs_double(cluster_mode: bool) -> None:
-    """GPU a keeps 28 GiB and 70 % compute, GPU b 56 GiB and 35 %. A 20 GiB / 20 % share leaves a with
-    8 GiB / 50 % or b with 36 GiB / 15 %. Weighing the fractions left equally (sum of square roots:
-    1.02 against 1.06) it goes to a; with compute weighing double (1.73 against 1.45, the weight the
-    bench's families chose) it goes to b, and a can then still take a 25 GiB / 60 % share, which
-    would otherwise fit nowhere."""
+    """GPU a has 65 % of its memory and 30 % of its compute in use, GPU b 30 % and 65 %. Weighing the
+    capacities equally they are as full as each other, and upstream order would pick a; with compute
+    weighing double (the weight the bench's families chose) b is the fuller, so a 20 GiB / 20 % share
+    goes to b, and a can then still take a 25 GiB / 60 % share, which would otherwise fit nowhere."""
     state, node = _two_gpus(cluster_mode, (52, 30), (24, 65))
     _place_then(state, node, cluster_mode, share("first", 20, 20), share("second", 25, 60))
+
+
+@pytest.mark.parametrize("cluster_mode", [True, False])
+def test_the_fullest_device_takes_the_share_not_the_one_it_would_leave_tightest(cluster_mode: bool) -> None:
+    """GPU a has 30 GiB and 60 % compute in use, GPU b 60 GiB and 5 %. A 20 GiB / 5 % share would
+    leave a with 30 GiB / 35 % and b with 0 GiB / 90 %: scored by the room left after it (square roots,
+    compute double: 1.80 against 1.90) it went to a. Ranked by the load before it, b is the fuller
+    (L4, compute double: 0.32 against 0.28), so it goes to b, and a keeps room for a 45 GiB / 35 %
+    share that would otherwise fit nowhere (issue 26: the rule that packs at least as well as
+    first-fit on every family of bench/packing_traces.py's tuning traces)."""
+    state, node = _two_gpus(cluster_mode, (30, 60), (60, 5))
+    _place_then(state, node, cluster_mode, share("first", 20, 5), share("second", 45, 35))
