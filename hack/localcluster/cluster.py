@@ -5,11 +5,13 @@ processes on 127.0.0.1. Each node is a real kubelet with its own containerd, in 
 of its own where its directories are bind-mounted over ``/var/lib/kubelet`` and ``/var/run/cdi``,
 so the chart's hostPath volumes mean the same on every node, as on separate machines.
 
-A node's name is its loopback address (127.0.0.2, 127.0.0.3, ...): the kubelet refuses a
-loopback ``--node-ip`` ("nodeIP can't be loopback address") and, given a name, falls back to the
-machine's own interface address; only a ``--hostname-override`` that is itself an IP becomes the
-node's InternalIP unchecked. So two kubelets, their pods on the host network (the driver's agent
-and controller) and the apiserver's connections to the kubelets all stay on loopback.
+A node's name is its address, 198.18.0.2, 198.18.0.3, ... (RFC 2544's benchmarking range, which no
+real network routes), each added to the host's ``lo`` interface while the cluster is up. Not loopback
+addresses: the kubelet refuses a loopback ``--node-ip`` and kube-apiserver a loopback EndpointSlice
+address (so a webhook Service could never reach a pod on such a node's host network). Given an IP as
+``--hostname-override``, the kubelet takes it as the node's InternalIP. So two kubelets, their pods on
+the host network (the driver's agent and controller) and the apiserver's connections to the kubelets
+and to the controller's allocation guard all stay on this machine.
 
 Pods get a network from the CNI bridge plugin (one bridge and /24 per node, no masquerade, no
 kube-proxy): enough to start the README's workloads; our own pods use the host network and reach
@@ -87,8 +89,8 @@ class NodeSpec:
 
 
 DEFAULT_NODES = (
-    NodeSpec("127.0.0.2", "h100-8x", "10.244.2.0/24"),
-    NodeSpec("127.0.0.3", "a100-pcie-4x", "10.244.3.0/24"),
+    NodeSpec("198.18.0.2", "h100-8x", "10.244.2.0/24"),
+    NodeSpec("198.18.0.3", "a100-pcie-4x", "10.244.3.0/24"),
 )
 PROFILE_LABEL = "fractional.dev/fake-profile"
 
@@ -360,10 +362,11 @@ class LocalCluster:
     def down(self) -> list[str]:
         """Stop everything this cluster started (nodes first) and remove what it wrote."""
         said: list[str] = []
-        from localcluster.node import stop_node  # the node module needs this one
+        from localcluster.node import remove_node_addresses, stop_node  # the node module needs this one
 
         for node in self.nodes:
             said.extend(stop_node(self, node))
+        said.extend(remove_node_addresses(self))
         for process in reversed(list(self.processes.entries)):
             self.processes.stop(process)
             said.append(f"stopped {process.name} (pid {process.pid})")

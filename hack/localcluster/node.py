@@ -17,7 +17,7 @@ from pathlib import Path
 from localcluster.cluster import PROFILE_LABEL, RUN_ROOT, Binaries, ClusterError, LocalCluster, NodeSpec
 from localcluster.procs import mount_namespace_members
 
-__all__ = ["node_dir", "stop_node", "up_nodes"]
+__all__ = ["add_node_address", "node_dir", "remove_node_addresses", "stop_node", "up_nodes"]
 
 KUBELET_DIR = Path("/var/lib/kubelet")
 CDI_DIR = Path("/run/cdi")  # /var/run is /run
@@ -182,9 +182,39 @@ def _in_namespace(holder_pid: int, argv: list[str]) -> list[str]:
     return ["nsenter", f"--target={holder_pid}", "--mount", "--", *argv]
 
 
+def add_node_address(cluster: LocalCluster, node: NodeSpec) -> None:
+    """The node's address on the host's ``lo`` (see cluster.py), recorded so that ``down`` removes it."""
+    shown = subprocess.run(
+        ["ip", "-o", "addr", "show", "dev", "lo"], capture_output=True, text=True, check=False
+    )
+    if f" {node.ip}/" not in shown.stdout:
+        added = subprocess.run(
+            ["ip", "addr", "add", f"{node.ip}/32", "dev", "lo"], capture_output=True, text=True, check=False
+        )
+        if added.returncode != 0:
+            raise ClusterError(
+                f"{node.name}: cannot add its address to lo (needs root): {added.stderr.strip()}"
+            )
+    addresses = list(cluster.processes.extra.get("node_addresses", []))  # type: ignore[call-overload]
+    if node.ip not in addresses:
+        cluster.processes.extra["node_addresses"] = [*addresses, node.ip]
+        cluster.processes.save()
+
+
+def remove_node_addresses(cluster: LocalCluster) -> list[str]:
+    said = []
+    for address in list(cluster.processes.extra.get("node_addresses", [])):  # type: ignore[call-overload]
+        subprocess.run(["ip", "addr", "del", f"{address}/32", "dev", "lo"], capture_output=True, check=False)
+        said.append(f"removed {address} from lo")
+    cluster.processes.extra["node_addresses"] = []
+    return said
+
+
 def up_nodes(cluster: LocalCluster, binaries: Binaries, *, with_driver_image: bool = True) -> None:
     env = dict(os.environ, PATH=f"{binaries.containerd}:{binaries.cni}:{os.environ.get('PATH', '')}")
     cluster.processes.extra["containerd_bin"] = str(binaries.containerd)
+    for node in cluster.nodes:
+        add_node_address(cluster, node)
     for node in cluster.nodes:
         base = node_dir(cluster, node)
         (base / "cni" / "net.d").mkdir(parents=True, exist_ok=True)

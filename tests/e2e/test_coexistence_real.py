@@ -20,7 +20,7 @@ from test_driver import attribute
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
-NODE = "127.0.0.3"  # the a100-pcie-4x node of the local cluster (any node of another cluster)
+NODE = "198.18.0.3"  # the a100-pcie-4x node of the local cluster (any node of another cluster)
 OTHER_DRIVER = "gpu.nvidia.com"
 SLICE = "e2e-nvidia-dra-driver-slice"
 # The agent re-checks at each resync (30 s by default): allow a few.
