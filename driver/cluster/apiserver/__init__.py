@@ -12,7 +12,9 @@
   runs on every write), ``rules`` and ``core_rules`` (the server-side rules of the DRA and core
   kinds), ``formats`` (names, labels, quantities), ``crd`` and ``crd_schema`` (CustomResources and
   their structural schemas), ``scheduling`` (the gang API each release serves), ``policy`` (pod
-  priority admission and eviction budgets).
+  priority admission and eviction budgets), ``webhooks`` (which validating admission webhooks a write
+  reaches, and what their answers mean), ``webhook_calls`` (one HTTPS call with its AdmissionReview)
+  and ``webhook_rules`` (the configurations' defaults and rules).
 
 May import: ``driver.allocator.celenv`` (CEL, as the server compiles selectors), ``driver.jsondepth``
 and the libraries of the ``demo`` extra. The product never imports this package.

@@ -11,7 +11,8 @@ CEL selectors, which kube-apiserver compiles at admission):
   (``driver.allocator.celenv``) and names no variable but ``device``;
 - a PriorityClass (``pkg/apis/scheduling/validation``): a name with the ``system-`` prefix only for
   the two known system classes, at their value; any other class at most 1000000000
-  (``HighestUserDefinablePriority``).
+  (``HighestUserDefinablePriority``);
+- a ValidatingWebhookConfiguration: the rules of ``webhook_rules``.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from driver.allocator.celenv import SelectorError, compile_selector
 from driver.cluster.apiserver.formats import Causes, dns_subdomain, go_quote
 from driver.cluster.apiserver.policy import SYSTEM_PRIORITY_CLASSES
 from driver.cluster.apiserver.store import ResourceType
+from driver.cluster.apiserver.webhook_rules import check_webhook_configuration
 
 __all__ = ["check_core_rules"]
 
@@ -193,4 +195,6 @@ def check_core_rules(rtype: ResourceType, obj: Obj, old: Obj | None) -> Causes:
         _check_selectors(spec.get("selectors"), "spec.selectors", causes)
     elif rtype.group == "scheduling.k8s.io" and rtype.plural == "priorityclasses":
         _check_priority_class(obj, causes)
+    elif rtype.group == "admissionregistration.k8s.io" and rtype.plural == "validatingwebhookconfigurations":
+        causes.extend(check_webhook_configuration(obj))
     return causes

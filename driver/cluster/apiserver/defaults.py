@@ -12,6 +12,7 @@ from typing import Any
 from driver.allocator.quantity import Number, parse_quantity
 from driver.cluster.apiserver.rules import default_claim
 from driver.cluster.apiserver.store import ResourceType, new_timestamp
+from driver.cluster.apiserver.webhook_rules import default_webhook_configuration
 
 __all__ = ["apply_defaults", "default_pod_spec", "initial_pod_status", "pod_qos_class"]
 
@@ -28,6 +29,8 @@ def apply_defaults(rtype: ResourceType, obj: Obj) -> Obj:
         obj = _default_event(obj)
     elif rtype.group == "resource.k8s.io" and rtype.plural in ("resourceclaims", "resourceclaimtemplates"):
         obj = default_claim(rtype.plural, obj)
+    elif rtype.group == "admissionregistration.k8s.io" and rtype.plural == "validatingwebhookconfigurations":
+        obj = default_webhook_configuration(obj)
     return obj
 
 

@@ -24,6 +24,7 @@ class FieldValidation(StrEnum):
 class RequestOptions:
     dry_run: bool = False
     field_validation: FieldValidation = FieldValidation.WARN
+    field_validation_sent: bool = False  # the query named it (admission's options carry it only then)
     field_manager: str | None = None
     default_manager: str = ""  # who an update is recorded under without fieldManager: the user agent's
     force: bool = False
@@ -65,6 +66,7 @@ def parse_options(query: dict[str, str], user_agent: str | None = None) -> Reque
     return RequestOptions(
         dry_run=dry_run == "All",
         field_validation=field_validation,
+        field_validation_sent=bool(query.get("fieldValidation")),
         field_manager=manager,
         default_manager=manager_from_user_agent(user_agent),
         force=force,

@@ -9,7 +9,7 @@ from typing import Any
 
 from driver.cluster.apiserver.store import StatusError
 
-__all__ = ["build_matcher", "parse_field_selector", "parse_label_selector"]
+__all__ = ["build_matcher", "match_label_selector", "parse_field_selector", "parse_label_selector"]
 
 Predicate = Callable[[dict[str, Any]], bool]
 
@@ -74,6 +74,32 @@ def parse_label_selector(text: str) -> Predicate:
         return all(requirement(labels) for requirement in requirements)
 
     return matches
+
+
+def match_label_selector(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """Whether ``labels`` satisfy a ``metav1.LabelSelector`` object (``matchLabels`` and
+    ``matchExpressions``, ANDed); an empty selector matches everything. ``NotIn`` and
+    ``DoesNotExist`` match a missing key, as apimachinery's ``LabelSelectorAsSelector`` makes them."""
+    for key, value in (selector.get("matchLabels") or {}).items():
+        if labels.get(key) != value:
+            return False
+    for expression in selector.get("matchExpressions") or ():
+        key, operator = expression.get("key"), expression.get("operator")
+        values = expression.get("values") or []
+        present = key in labels
+        if operator == "In":
+            matched = present and labels[key] in values
+        elif operator == "NotIn":
+            matched = not present or labels[key] not in values
+        elif operator == "Exists":
+            matched = present
+        elif operator == "DoesNotExist":
+            matched = not present
+        else:  # refused when the selector was written
+            matched = False
+        if not matched:
+            return False
+    return True
 
 
 def _field_value(obj: dict[str, Any], path: str) -> str:

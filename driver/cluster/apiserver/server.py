@@ -17,9 +17,13 @@ Also, as kube-apiserver: OpenAPI v2/v3 documents (``openapi``), Table answers
 (garbage collection, namespaces, claims from templates, Deployments, Jobs) are stand-ins beside it
 (``driver.cluster.controllers``), run by the demo.
 
-Not emulated: authentication and authorization (every request is the loopback admin), admission
-webhooks and policies, pagination (``limit`` is ignored), graceful pod deletion, protobuf answers
-(clients that send protobuf accept JSON back).
+Validating admission webhooks (``webhooks``): every write is sent to the webhooks of the
+ValidatingWebhookConfigurations that select it, over HTTPS to ``clientConfig.url`` (the emulator
+serves no Services, so ``clientConfig.service`` resolves to nothing and fails as a missing Service).
+
+Not emulated: authentication and authorization (every request is the loopback admin, and webhooks
+see that user), mutating webhooks and admission policies, pagination (``limit`` is ignored),
+graceful pod deletion, protobuf answers (clients that send protobuf accept JSON back).
 
 Threads: one named ``apiserver`` accept thread and one named thread per connection; a watch holds
 its connection's thread until it times out, its client goes away or ``stop()`` ends it.
@@ -67,6 +71,7 @@ from driver.cluster.apiserver.strategy import (
 )
 from driver.cluster.apiserver.tables import table_version, to_table
 from driver.cluster.apiserver.validation import ObjectValidator
+from driver.cluster.apiserver.webhooks import Attributes, Operation, ValidatingWebhooks
 
 __all__ = ["APIServer"]
 
@@ -94,6 +99,9 @@ _PRIORITY_CLASSES = ResourceType(
 )
 _BUDGETS = ResourceType("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", namespaced=True)
 _CORE_EVENTS = next(t for t in RESOURCE_TYPES if t.group == "" and t.plural == "events")
+_WEBHOOK_CONFIGURATIONS = next(t for t in RESOURCE_TYPES if t.kind == "ValidatingWebhookConfiguration")
+_OPTIONS_KINDS = {Operation.CREATE: "CreateOptions", Operation.UPDATE: "UpdateOptions",
+                  Operation.DELETE: "DeleteOptions"}  # fmt: skip
 _REASONS = {
     400: "BadRequest", 401: "Unauthorized", 403: "Forbidden", 404: "NotFound", 409: "Conflict", 410: "Gone",
     422: "Invalid", 429: "TooManyRequests", 500: "InternalError", 503: "ServiceUnavailable", 504: "Timeout",
@@ -128,6 +136,10 @@ class APIServer:
         )
         # kinds served through CRDs, and the release's scheduling.k8s.io Workload/PodGroup
         self.custom_resources = ServedResources(self._store, kubernetes_version)
+        self._webhooks = ValidatingWebhooks(
+            configurations=self._webhook_configurations,
+            namespace=lambda name: self._store.get(_NAMESPACES, "", name),
+        )
         self._counts: Counter[tuple[str, str]] = Counter()
         self._faults: list[_Fault] = []
         self._hooks_lock = threading.Lock()
@@ -259,7 +271,11 @@ class APIServer:
             code, text = pod_log(self._store.get(route.rtype, route.namespace or "", route.name or ""), query)
             return code, PlainText(text), []
         options = parse_options(query, headers.get("User-Agent") if headers is not None else None)
-        code, obj = self._dispatch(method, route, query, body, headers, options)
+        try:
+            code, obj = self._dispatch(method, route, query, body, headers, options)
+        except StatusError as error:
+            error.warnings = list(options.warnings)  # sent with a refusal too, as kube-apiserver does
+            raise
         if route.rtype == CRD_RESOURCE and method != "GET":
             self.custom_resources.sync()  # a CRD written: its kind served (or gone) before the answer
         return code, obj, options.warnings
@@ -310,7 +326,7 @@ class APIServer:
             if method != "POST":
                 raise _method_not_allowed(method)
             self._record("create", route)
-            return 201, self._bind(route, _require_object(body))
+            return 201, self._bind(route, _require_object(body), options)
         if method == "GET":
             self._record("get", route)
             obj = self._store.get(rtype, namespace, route.name)
@@ -366,7 +382,54 @@ class APIServer:
             self._validator.validate, field_validation=options.field_validation, warnings=options.warnings
         )
 
-    def _create(self, route: Route, body: Any, options: RequestOptions) -> Obj:
+    def _webhook_configurations(self) -> list[Obj]:
+        return self._store.list_objects(_WEBHOOK_CONFIGURATIONS, None)[0]
+
+    def _admit(
+        self,
+        route: Route,
+        operation: Operation,
+        new: Obj | None,
+        old: Obj | None,
+        options: RequestOptions,
+        *,
+        delete_options: Any = None,
+        kind: tuple[str, str, str] | None = None,
+    ) -> None:
+        """Validating admission (``webhooks``) of one write, after defaulting and validation and
+        before it is stored; raises the refusal as a ``StatusError``."""
+        rtype = route.rtype
+        name = route.name or str(((new or old or {}).get("metadata") or {}).get("name") or "")
+        namespace = name if rtype.group == "" and rtype.plural == "namespaces" else route.namespace or ""
+        if operation is Operation.CREATE and new is not None:  # not stored yet: no resourceVersion
+            new = {**new, "metadata": {k: v for k, v in new["metadata"].items() if k != "resourceVersion"}}
+        operation_options: Obj = {"kind": _OPTIONS_KINDS[operation], "apiVersion": "meta.k8s.io/v1"}
+        if operation is Operation.DELETE and isinstance(delete_options, dict):
+            operation_options |= {k: v for k, v in delete_options.items() if k not in ("kind", "apiVersion")}
+        if options.dry_run:
+            operation_options["dryRun"] = ["All"]
+        if operation is not Operation.DELETE:
+            if options.field_manager:
+                operation_options["fieldManager"] = options.field_manager
+            if options.field_validation_sent:
+                operation_options["fieldValidation"] = options.field_validation.value
+        attributes = Attributes(
+            rtype=rtype, subresource=route.subresource or "", operation=operation, namespace=namespace,
+            name=name, obj=new, old=old, options=operation_options, dry_run=options.dry_run,
+            user=dict(LOOPBACK_USER), kind=kind or (rtype.group, rtype.version, rtype.kind),
+        )  # fmt: skip
+        self._webhooks.admit(attributes, options.warnings)
+
+    def _create(
+        self,
+        route: Route,
+        body: Any,
+        options: RequestOptions,
+        *,
+        admission_options: RequestOptions | None = None,
+    ) -> Obj:
+        """``admission_options``: the options webhooks are told of, where they are not ``options``
+        (an apply that creates)."""
         rtype = route.rtype
         if route.subresource or (rtype.namespaced and route.namespace is None):
             raise _method_not_allowed("POST")
@@ -391,14 +454,15 @@ class APIServer:
             self._check_namespace_open(rtype, route.namespace or "", metadata.get("name") or "")
         if rtype.plural == "pods":  # the Priority admission plugin
             obj = admit_pod_priority(obj, lambda: self._store.list_objects(_PRIORITY_CLASSES, None)[0])
-        return self._store.create(
-            rtype,
-            obj,
-            lambda stamped: self._managed(
+
+        def prepare(stamped: Obj) -> Obj:
+            new = self._managed(
                 rtype, None, prepare_create(rtype, stamped, self._validate_for(options)), options
-            ),
-            dry_run=options.dry_run,
-        )
+            )
+            self._admit(route, Operation.CREATE, new, None, admission_options or options)
+            return new
+
+        return self._store.create(rtype, obj, prepare, dry_run=options.dry_run)
 
     @staticmethod
     def _managed(
@@ -441,7 +505,9 @@ class APIServer:
             tracked = RequestOptions(
                 dry_run=options.dry_run, field_validation=options.field_validation, warnings=options.warnings
             )
-            obj = self._create(Route(rtype, route.namespace, None, None), created, tracked)
+            obj = self._create(
+                Route(rtype, route.namespace, None, None), created, tracked, admission_options=options
+            )
             if obj["metadata"].get("managedFields") != managed_fields and not options.dry_run:
                 obj = self._store.update(rtype, route.namespace or "", route.name or "",
                                          lambda current: {**current, "metadata": {**current["metadata"],
@@ -450,7 +516,9 @@ class APIServer:
 
         def compute(current: Obj) -> Obj:
             merged = apply_configuration(rtype, current, applied, manager=manager, force=force)
-            return prepare_update(rtype, merged, current, self._validate_for(options))
+            new = prepare_update(rtype, merged, current, self._validate_for(options))
+            self._admit(route, Operation.UPDATE, new, current, options)
+            return new
 
         return 200, self._store.update(
             rtype, route.namespace or "", route.name or "", compute, dry_run=options.dry_run
@@ -479,18 +547,20 @@ class APIServer:
         rtype = route.rtype
         _check_type(rtype, body)
         prepare = prepare_status_update if route.subresource == "status" else prepare_update
-        return self._store.update(
-            rtype,
-            route.namespace or "",
-            route.name or "",
-            lambda current: self._managed(
+
+        def compute(current: Obj) -> Obj:
+            new = self._managed(
                 rtype,
                 current,
                 prepare(rtype, body, current, self._validate_for(options)),
                 options,
                 route.subresource,
-            ),
-            dry_run=options.dry_run,
+            )
+            self._admit(route, Operation.UPDATE, new, current, options)
+            return new
+
+        return self._store.update(
+            rtype, route.namespace or "", route.name or "", compute, dry_run=options.dry_run
         )
 
     def _patch(self, route: Route, body: Any, content_type: str, options: RequestOptions) -> Obj:
@@ -504,19 +574,21 @@ class APIServer:
             patched = apply_patch(content_type, current, body, strategic_allowed=strategic_allowed)
             if not isinstance(patched, dict) or not isinstance(patched.get("metadata", {}), dict):
                 raise StatusError(code=422, reason="Invalid", message="patch did not produce an object")
-            return self._managed(
+            new = self._managed(
                 rtype,
                 current,
                 prepare(rtype, patched, current, self._validate_for(options)),
                 options,
                 route.subresource,
             )
+            self._admit(route, Operation.UPDATE, new, current, options)
+            return new
 
         return self._store.update(
             rtype, route.namespace or "", route.name or "", compute, dry_run=options.dry_run
         )
 
-    def _bind(self, route: Route, binding: Obj) -> Obj:
+    def _bind(self, route: Route, binding: Obj, options: RequestOptions) -> Obj:
         """``pods/binding``: set ``spec.nodeName`` once and mark the pod scheduled, as a scheduler's bind
         does. Answers a Status, like the apiserver (the client's ``V1Binding`` parsing of it fails: pass
         ``_preload_content=False``)."""
@@ -524,6 +596,8 @@ class APIServer:
         node = target.get("name")
         if not node or target.get("kind", "Node") != "Node":
             raise StatusError(code=400, reason="BadRequest", message="binding target must name a Node")
+        self._admit(route, Operation.CREATE, {"apiVersion": "v1", "kind": "Binding", **binding}, None,
+                    options, kind=("", "v1", "Binding"))  # fmt: skip
 
         def compute(current: Obj) -> Obj:
             spec = current.get("spec") or {}
@@ -555,7 +629,8 @@ class APIServer:
         self._store.update(route.rtype, route.namespace or "", route.name or "", compute)
         return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
 
-    def _delete(self, route: Route, body: Any, options: RequestOptions) -> Obj:
+    def _delete(self, route: Route, body: Any, options: RequestOptions, *, admit: bool = True) -> Obj:
+        """``admit=False``: a delete the server makes itself (an eviction's), which webhooks never see."""
         rtype = route.rtype
         preconditions = (body or {}).get("preconditions") or {} if isinstance(body, dict) else {}
 
@@ -568,7 +643,11 @@ class APIServer:
         if isinstance(body, dict) and body.get("dryRun") == ["All"]:  # DeleteOptions may carry it too
             options.dry_run = True
         if rtype.plural == "namespaces":
-            return self._delete_namespace(route, options)
+            return self._delete_namespace(route, options, body)
+        if admit:
+            current = self._store.get(rtype, route.namespace or "", route.name or "")
+            check(current)  # preconditions first, as the storage checks them before admission
+            self._admit(route, Operation.DELETE, None, current, options, delete_options=body)
         obj, removed = self._store.delete(
             rtype, route.namespace or "", route.name or "", check, dry_run=options.dry_run
         )
@@ -593,14 +672,17 @@ class APIServer:
         if delete_options.get("dryRun") == ["All"]:
             options.dry_run = True
         namespace = route.namespace or ""
+        pod = self._store.get(route.rtype, namespace, route.name or "")
+        eviction = {"apiVersion": "policy/v1", "kind": "Eviction", **eviction}
+        self._admit(route, Operation.CREATE, eviction, None, options, kind=("policy", "v1", "Eviction"))
         check_eviction_budgets(
-            self._store.get(route.rtype, namespace, route.name or ""),
+            pod,
             self._store.list_objects(_BUDGETS, namespace)[0],
             self._store.list_objects(route.rtype, namespace)[0],
         )
         if not options.dry_run:
             self._mark_evicted(route)
-        self._delete(route, delete_options, options)
+        self._delete(route, delete_options, options, admit=False)
         return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
 
     def _mark_evicted(self, route: Route) -> None:
@@ -624,7 +706,7 @@ class APIServer:
 
         self._store.update(route.rtype, route.namespace or "", route.name or "", mark)
 
-    def _delete_namespace(self, route: Route, options: RequestOptions) -> Obj:
+    def _delete_namespace(self, route: Route, options: RequestOptions, body: Any = None) -> Obj:
         """A namespace with ``spec.finalizers`` turns ``Terminating``: the namespace controller deletes
         its content, then calls ``/finalize``, after which the server removes it."""
         name = route.name or ""
@@ -647,6 +729,7 @@ class APIServer:
             }
 
         current = self._store.get(route.rtype, "", name)
+        self._admit(route, Operation.DELETE, None, current, options, delete_options=body)
         if not (current.get("spec") or {}).get("finalizers") and not current["metadata"].get("finalizers"):
             obj, _ = self._store.delete(route.rtype, "", name, dry_run=options.dry_run)
             return obj
@@ -658,7 +741,9 @@ class APIServer:
         finalizers = (body.get("spec") or {}).get("finalizers") or []
 
         def compute(current: Obj) -> Obj:
-            return {**current, "spec": {**(current.get("spec") or {}), "finalizers": list(finalizers)}}
+            new = {**current, "spec": {**(current.get("spec") or {}), "finalizers": list(finalizers)}}
+            self._admit(route, Operation.UPDATE, new, current, options)
+            return new
 
         return self._store.update(route.rtype, "", route.name or "", compute, dry_run=options.dry_run)
 
@@ -668,10 +753,23 @@ class APIServer:
             query.get("labelSelector"), query.get("fieldSelector"), rtype.field_labels, rtype.kind
         )
         items, _ = self._store.list_objects(rtype, route.namespace)
+        refused: StatusError | None = None
         for item in items:
-            if matches(item) and not options.dry_run:
+            if not matches(item):
+                continue
+            item_route = Route(
+                rtype, item["metadata"].get("namespace") or None, item["metadata"]["name"], None
+            )
+            try:
+                self._admit(item_route, Operation.DELETE, None, item, options)
+            except StatusError as error:  # the others are still deleted; the first refusal answers
+                refused = refused or error
+                continue
+            if not options.dry_run:
                 with contextlib.suppress(StatusError):  # deleted concurrently
                     self._store.delete(rtype, item["metadata"].get("namespace", ""), item["metadata"]["name"])
+        if refused is not None:
+            raise refused
         return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"}
 
     def _events_v1(
@@ -704,7 +802,9 @@ class APIServer:
 
             def compute(current: Obj) -> Obj:
                 patched = apply_patch(content_type, events_v1_event(current), body, strategic_allowed=True)
-                return prepare_update(_CORE_EVENTS, core_event(patched), current, self._validate_for(options))
+                new = prepare_update(_CORE_EVENTS, core_event(patched), current, self._validate_for(options))
+                self._admit(route, Operation.UPDATE, events_v1_event(new), events_v1_event(current), options)
+                return new
 
             stored = self._store.update(
                 _CORE_EVENTS, route.namespace or "", route.name, compute, dry_run=options.dry_run

@@ -57,8 +57,11 @@ _SHORT_NAMES = {
     ("", "configmaps"): ["cm"], ("events.k8s.io", "events"): ["ev"], ("apps", "deployments"): ["deploy"],
     ("apps", "replicasets"): ["rs"], ("autoscaling", "horizontalpodautoscalers"): ["hpa"],
 }  # fmt: skip
-_CATEGORIES = {("", "pods"): ["all"], ("apps", "deployments"): ["all"], ("apps", "replicasets"): ["all"],
-               ("batch", "jobs"): ["all"]}  # fmt: skip
+_CATEGORIES = {
+    ("", "pods"): ["all"], ("apps", "deployments"): ["all"], ("apps", "replicasets"): ["all"],
+    ("batch", "jobs"): ["all"],
+    ("admissionregistration.k8s.io", "validatingwebhookconfigurations"): ["api-extensions"],
+}  # fmt: skip
 _HEALTH_PATHS = frozenset({"/healthz", "/readyz", "/livez"})
 
 
@@ -376,7 +379,7 @@ class _Handler(BaseHTTPRequestHandler):
                 time.sleep(self.server.write_delay_seconds)
             code, obj, warnings = backend.handle(method, route, query, body, self.headers)
         except StatusError as error:
-            self._send_json(error.code, error.to_status())
+            self._send_json(error.code, error.to_status(), error.warnings)
             return
         if isinstance(obj, PlainText):
             self._send_bytes(code, obj.text.encode(), warnings, content_type="text/plain")

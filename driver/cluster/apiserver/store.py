@@ -89,6 +89,7 @@ class StatusError(Exception):
         self.message = message
         self.details = details or {}
         self.empty_details = empty_details
+        self.warnings: list[str] = []  # sent in Warning headers with the Status (see server.handle)
 
     def to_status(self) -> Obj:
         status: Obj = {
@@ -100,6 +101,8 @@ class StatusError(Exception):
             "reason": self.reason,
             "code": self.code,
         }
+        if not self.reason:  # Go's omitempty (a webhook's refusal may name no reason)
+            del status["reason"]
         if self.empty_details and not self.details:
             status["details"] = {}
         if self.details:

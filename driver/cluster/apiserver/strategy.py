@@ -85,6 +85,8 @@ RESOURCE_TYPES: tuple[ResourceType, ...] = (
     ResourceType("scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass", namespaced=False),
     ResourceType("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", namespaced=True,
                  status_subresource=True),
+    ResourceType("admissionregistration.k8s.io", "v1", "validatingwebhookconfigurations",
+                 "ValidatingWebhookConfiguration", namespaced=False),
     ResourceType("authorization.k8s.io", "v1", "selfsubjectaccessreviews", "SelfSubjectAccessReview",
                  namespaced=False, create_only=True),
     ResourceType("authentication.k8s.io", "v1", "selfsubjectreviews", "SelfSubjectReview", namespaced=False,

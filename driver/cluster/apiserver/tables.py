@@ -534,6 +534,19 @@ def _columns() -> dict[str, tuple[list[Column], Printer]]:
             ],
             _job_cells,
         ),
+        "validatingwebhookconfigurations": (
+            [
+                _name_column(),
+                (
+                    "Webhooks",
+                    "integer",
+                    0,
+                    "Webhooks indicates the number of webhooks registered in this configuration",
+                ),
+                _age_column(),
+            ],
+            _simple(lambda obj: len(obj.get("webhooks") or [])),
+        ),
         "deviceclasses": ([_name_column(), _age_column()], _simple()),
         "resourceclaimtemplates": ([_name_column(), _age_column()], _simple()),
         "resourceclaims": (
@@ -577,7 +590,8 @@ def _printer(rtype: ResourceType) -> tuple[list[Column], Printer]:
         printer: tuple[list[Column], Printer] = custom()
         return printer
     if (
-        rtype.group in ("", "resource.k8s.io", "coordination.k8s.io", "apps", "batch")
+        rtype.group
+        in ("", "resource.k8s.io", "coordination.k8s.io", "apps", "batch", "admissionregistration.k8s.io")
         and rtype.plural in _PRINTERS
     ):
         return _PRINTERS[rtype.plural]

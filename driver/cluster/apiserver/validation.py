@@ -16,6 +16,7 @@ from driver.cluster.apiserver.request import FieldValidation
 from driver.cluster.apiserver.rules import check_rules, drop_disabled_fields
 from driver.cluster.apiserver.schema import SCHEMA_VERSION, SchemaViolation, schema_check
 from driver.cluster.apiserver.store import ResourceType, StatusError, qualified_kind
+from driver.cluster.apiserver.webhook_rules import required_field_causes
 
 __all__ = ["SCHEMA_VERSION", "ObjectValidator", "format_path", "invalid_error", "schema_file"]
 
@@ -164,6 +165,8 @@ class ObjectValidator:
         if rtype.plural == "provisioningrequests":
             _check_provisioning_request(rtype, obj)
             return obj
+        if rtype.group == "admissionregistration.k8s.io" and (missing := required_field_causes(obj)):
+            raise invalid_error(rtype, name, missing)  # worded by the kind's rules, not by the schema
         check = schema_check(schema_file(rtype), self._schema_version)
         unknown: list[str] = []
         while True:
