@@ -78,7 +78,7 @@ def test_kube_apiserver_asks_the_leader_about_status_writes_of_claims(objects: l
     }]  # fmt: skip
     assert webhook["matchPolicy"] == "Equivalent"  # v1beta1/v1beta2 writes reach it converted to v1
     assert webhook["sideEffects"] == "None" and webhook["admissionReviewVersions"] == ["v1"]
-    assert webhook["failurePolicy"] == "Ignore" and webhook["timeoutSeconds"] == 3
+    assert webhook["failurePolicy"] == "Ignore" and webhook["timeoutSeconds"] == 10
     service = one(objects, "Service", "-allocation-guard")
     assert "selector" not in service["spec"], "the leader writes the endpoint, not a selector"
     assert service["spec"]["ports"] == [{"name": "https", "port": 443, "targetPort": 9443, "protocol": "TCP"}]

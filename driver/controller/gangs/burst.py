@@ -1,4 +1,4 @@
-"""Ready gangs decided together, in one pass of the decider (``cache.lock`` held; no I/O).
+"""Ready gangs decided together, in one pass of the decider (``cache.lock`` taken per step; no I/O).
 
 Gangs whose pods are free to go anywhere are placed in one ``allocate_many`` call (a burst packs
 better decided together); the rest, and any gang the burst could not place, are decided one at a
@@ -23,11 +23,38 @@ __all__ = ["decide_all"]
 def decide_all(
     cache: ClusterCache, plans: list[GangPlan], *, policy: str
 ) -> list[Decision | AllocationError]:
-    """Decide ready gangs together (the caller holds ``cache.lock``); each allocated decision is
-    assumed before the next is made. Gangs whose pods are not pinned to a node by an earlier
-    allocation are placed in one ``allocate_many`` call (a burst packs better decided together);
-    a gang that did not fit there, or whose pods overflow a node's CPU/memory, is decided again on
-    its own afterwards. One entry per plan, in order: a Decision, or the fatal AllocationError."""
+    """Decide ready gangs together; each allocated decision is assumed before the next is made.
+    Gangs whose pods are not pinned to a node by an earlier allocation are placed in one
+    ``allocate_many`` call (a burst packs better decided together); a gang that did not fit there,
+    or whose pods overflow a node's CPU/memory, is decided again on its own afterwards. One entry
+    per plan, in order: a Decision, or the fatal AllocationError.
+
+    ``cache.lock`` is taken for the burst, then for each gang decided on its own (it is
+    re-entrant: a caller that holds it keeps it for the whole pass)."""
+    with cache.lock:
+        results = _burst(cache, plans, policy=policy)
+    for index, plan in enumerate(plans):
+        if results[index] is not None:
+            continue
+        with cache.lock:
+            try:
+                if plan.topology_key is not None:  # one domain at a time
+                    decision = decide_in_domains(cache, plan, policy=policy)
+                else:
+                    decision = decide(cache, plan, policy=policy)
+            except AllocationError as error:
+                results[index] = error
+                continue
+            if decision.outcome == "allocated":
+                assume_decision(cache, decision)
+        results[index] = decision
+    return [r for r in results if r is not None]
+
+
+def _burst(
+    cache: ClusterCache, plans: list[GangPlan], *, policy: str
+) -> list[Decision | AllocationError | None]:
+    """The burst of ``decide_all`` (``cache.lock`` held): an entry per plan placed, None for the rest."""
     results: list[Decision | AllocationError | None] = [None] * len(plans)
     batch = [
         i for i, plan in enumerate(plans)
@@ -68,18 +95,4 @@ def decide_all(
                     assume_decision(cache, decision)
                     results[index] = decision
             break
-    for index, plan in enumerate(plans):
-        if results[index] is not None:
-            continue
-        try:
-            if plan.topology_key is not None:  # one domain at a time
-                decision = decide_in_domains(cache, plan, policy=policy)
-            else:
-                decision = decide(cache, plan, policy=policy)
-        except AllocationError as error:
-            results[index] = error
-            continue
-        if decision.outcome == "allocated":
-            assume_decision(cache, decision)
-        results[index] = decision
-    return [r for r in results if r is not None]
+    return results

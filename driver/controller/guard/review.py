@@ -32,6 +32,7 @@ else one read of the API) is counted, one allocation per claim, for at most
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import logging
 import time
@@ -53,6 +54,7 @@ log = logging.getLogger(__name__)
 ClaimReader = Callable[[str, str], "dict[str, Any] | None"]  # (namespace, name) -> the claim, None: gone
 # The devices held for preemptors of at least this priority, counted as taken inside the block.
 Holds = Callable[[int], AbstractContextManager[None]]
+SLOW_REVIEW_SECONDS = 1.0  # said in the log (the chart's webhook waits 10 s at most)
 MAX_CONFIRM_READS = 16  # claims read before a refusal (each a GET; the apiserver waits for us)
 
 
@@ -64,6 +66,7 @@ class ReviewError(ValueError):
 class GuardSettings:
     confirm_after_seconds: float = 2.0
     forget_after_seconds: float = 10.0
+    confirm_budget_seconds: float = 0.5  # the reads before a refusal, side by side, all within this
 
 
 @dataclass
@@ -129,7 +132,17 @@ class AllocationGuard:
     settings: GuardSettings = field(default_factory=GuardSettings)
     clock: Callable[[], float] = time.monotonic
     _synced: bool = False
+    _lock_waited: float = 0.0  # the last review's waits for cache.lock (for the slow-review log line)
+    _read_seconds: float = 0.0  # and its reads of claims in the way
     _admitted: dict[str, _Admitted] = field(default_factory=dict)  # under cache.lock
+    _readers: concurrent.futures.ThreadPoolExecutor = field(
+        default_factory=lambda: concurrent.futures.ThreadPoolExecutor(
+            max_workers=MAX_CONFIRM_READS, thread_name_prefix="guard-read"
+        )
+    )
+
+    def close(self) -> None:
+        self._readers.shutdown(wait=False, cancel_futures=True)
 
     def mark_synced(self) -> None:
         """The cache holds a complete view: from now on reviews are answered, not deferred."""
@@ -155,10 +168,8 @@ class AllocationGuard:
         claim = dict(claim)
         key = str(object_key(claim))
         uid = str((claim.get("metadata") or {}).get("uid") or "")
-        with self.cache.lock:
-            known = _unallocated(self.cache.get(Kind.CLAIM, key), uid)
-            synced = self._synced
-        if synced and not known:
+        known = _unallocated(self.cache.get(Kind.CLAIM, key), uid)
+        if self._synced and not known:
             exists = self._exists_unallocated(key, uid)
             if exists is None:
                 message = (
@@ -169,7 +180,9 @@ class AllocationGuard:
                     request_uid, False, code=503, reason="ServiceUnavailable", message=message))  # fmt: skip
             if not exists:  # no such claim to store it in: nothing to count
                 return self._answer("unknown_claim", started, _response(request_uid, True))
+        waited = self.clock()
         with self.cache.lock:
+            self._lock_waited, self._read_seconds = self.clock() - waited, 0.0
             if not self._synced:
                 message = (
                     "the fractional.dev allocation guard is starting: its view of the cluster is not "
@@ -245,8 +258,13 @@ class AllocationGuard:
 
     def _answer(self, outcome: str, started: float, answer: dict[str, Any]) -> dict[str, Any]:
         if outcome != "not_an_allocation":
+            took = self.clock() - started
             self.metrics.guard_reviews.labels(outcome=outcome).inc()
-            self.metrics.guard_review_seconds.observe(self.clock() - started)
+            self.metrics.guard_review_seconds.observe(took)
+            if took > SLOW_REVIEW_SECONDS:  # kube-apiserver gives up at the webhook's timeoutSeconds
+                log.warning("slow allocation review", extra={"outcome": outcome, "seconds": round(took, 3),
+                            "lock_wait_seconds": round(self._lock_waited, 3),
+                            "read_seconds": round(self._read_seconds, 3)})  # fmt: skip
         return answer
 
     def _admit(self, key: str, claim: dict[str, Any], allocation: dict[str, Any]) -> None:
@@ -274,21 +292,37 @@ class AllocationGuard:
                 keys.discard(other)
         return sorted(keys)[:MAX_CONFIRM_READS]
 
+    def _read_all(self, keys: list[str]) -> dict[str, dict[str, Any] | None]:
+        """The claims as the API has them, read side by side within ``confirm_budget_seconds`` in
+        all (kube-apiserver waits for the answer); one not read in time proves nothing and is left
+        out (it stays counted)."""
+        assert self.read_claim is not None
+        read_claim = self.read_claim
+        futures = {key: self._readers.submit(read_claim, *key.partition("/")[::2]) for key in keys}
+        done, _ = concurrent.futures.wait(futures.values(), timeout=self.settings.confirm_budget_seconds)
+        seen: dict[str, dict[str, Any] | None] = {}
+        for key, future in futures.items():
+            if future not in done:
+                future.cancel()
+                continue
+            try:
+                seen[key] = future.result()
+            except Exception as error:  # a read that fails proves nothing: that claim stays counted
+                log.debug("claim read failed", extra={"claim": bounded(key), "error": bounded(error)})
+        return seen
+
     def _check_again(
         self, claim: dict[str, Any], key: str, allocation: dict[str, Any], standing: list[str]
     ) -> tuple[Overbooking, ...]:
         """Read the claims in the way (no lock held), then check again under ``cache.lock`` with
         those the API shows gone or unallocated left out of the count; admit when it fits."""
-        assert self.read_claim is not None
-        seen: dict[str, dict[str, Any] | None] = {}
-        for other in standing:
-            namespace, _, name = other.partition("/")
-            try:
-                seen[other] = self.read_claim(namespace, name)
-            except Exception as error:  # a read that fails proves nothing: that claim stays counted
-                log.debug("claim read failed", extra={"claim": bounded(other), "error": bounded(error)})
+        reading = self.clock()
+        seen = self._read_all(standing)
+        waited = self.clock()
+        self._read_seconds = waited - reading
         with self.cache.lock:
             now = self.clock()
+            self._lock_waited += now - waited
             set_aside: list[dict[str, Any]] = []
             try:
                 for other, current in seen.items():

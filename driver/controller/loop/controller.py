@@ -200,6 +200,8 @@ class Controller:
         for thread in [*self.watchers, self._worker]:
             if thread.is_alive():
                 thread.join(max(0.0, deadline - time.monotonic()))
+        if self.guard is not None:
+            self.guard.close()
         if self._guard_api is not None:
             self._guard_api.close()  # type: ignore[no-untyped-call]
 
