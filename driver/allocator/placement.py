@@ -455,7 +455,7 @@ class _Gang:
         devices of one size, a heuristic across sizes), or after SCORED_DEVICES devices.
         """
         state = self.state
-        scored: list[tuple[float, int, str]] = []
+        scored: list[tuple[float, float, int, str]] = []
         best: float | None = None
         examined = 0
         for (node, device_id), in_use, free in state.indexes[key].iter_at_least(largest):
@@ -471,13 +471,15 @@ class _Gang:
             if best is not None and CAPACITY_WEIGHTS.get(key, 1.0) * room_term(used) > best:
                 break
             committed = state.committed_consumed(device_id)
-            if compute_consumption(device, request.capacity, committed, None) is None:
+            consumed = compute_consumption(device, request.capacity, committed, None)
+            if consumed is None:
                 continue
             score = room_score(device, committed)
-            scored.append((score, len(scored), node))
+            after = room_score(device, committed, consumed)  # ties: the device the share fills most
+            scored.append((score, after, len(scored), node))
             best = score if best is None else min(best, score)
         scored.sort()
-        return [(node, score) for score, _, node in scored]
+        return [(node, score) for score, _, _, node in scored]
 
     def _nodes_by_free(self, at_least: Number) -> list[str]:
         state = self.state

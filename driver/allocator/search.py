@@ -523,15 +523,25 @@ class NodeSearch:
     # ------------------------------------------------------------ best-fit ordering and scoring
 
     def _packing_key(
-        self, device: Device, committed: dict[str, Number] | None, allocating: dict[str, Number] | None
-    ) -> tuple[int, float]:
+        self,
+        device: Device,
+        committed: dict[str, Number] | None,
+        allocating: dict[str, Number] | None,
+        consumed: dict[str, Number],
+    ) -> tuple[int, float, float]:
         """(0 for a shared device already in use, else 1; how empty it is before this share, from its
-        ``committed`` load and what this pass is ``allocating`` there: ``room_score``, fullest first)."""
+        ``committed`` load and what this pass is ``allocating`` there: ``room_score``, fullest first;
+        then how empty the share leaves it). The last only breaks ties (after the topology distance,
+        where the caller orders by it), chiefly between empty devices
+        of different sizes: the share goes to the one it fills most, the smallest that takes it, and
+        a larger one stays whole for a larger ask (kubernetes #138765: a 20 GiB share that may use an
+        80 GiB or a 40 GiB GPU takes the 40 GiB one, and a whole-GPU claim still finds the 80 GiB)."""
         in_use = self.state.share_count(device.id) or self.allocating_shares.get(device.id)
         opened = 0 if (device.allow_multiple and in_use) else 1
         if not device.allow_multiple:
-            return (opened, 0.0)
-        return (opened, room_score(device, committed, allocating))
+            return (opened, 0.0, 0.0)
+        after = {k: v + (allocating or {}).get(k, 0) for k, v in consumed.items()}
+        return (opened, room_score(device, committed, allocating), room_score(device, committed, after))
 
     def _topology_distance(self, ci: int, device: Device) -> int:
         chosen = self.results[ci]
@@ -552,20 +562,25 @@ class NodeSearch:
             device = candidate.device
             committed = self.state.committed_consumed(device.id)
             allocating = self.allocating_capacity.get(device.id)
-            if compute_consumption(device, request.capacity, committed, allocating) is None:
+            consumed = compute_consumption(device, request.capacity, committed, allocating)
+            if consumed is None:
                 continue
-            opened, room = self._packing_key(device, committed, allocating)
-            keyed.append(((opened, room, self._topology_distance(ci, device), candidate.position), candidate))
+            opened, room, after = self._packing_key(device, committed, allocating, consumed)
+            distance = self._topology_distance(ci, device)
+            keyed.append(((opened, room, distance, after, candidate.position), candidate))
         keyed.sort(key=lambda item: item[0])
         return [candidate for _, candidate in keyed]
 
     def score(self, entries: tuple[tuple[Entry, ...], ...]) -> tuple[Any, ...]:
         """Lower is better: (devices newly opened, how empty the shared devices it uses were before it
-        (``room_score`` of each, summed: the fewest and fullest), topology tier)."""
+        (``room_score`` of each, summed: the fewest and fullest), topology tier, how empty it leaves
+        them (the last tie, see ``_packing_key``))."""
         opened = 0
         room = 0.0
+        after = 0.0
         tier = 0
         devices: dict[DeviceID, Device] = {}
+        consumed_by: dict[DeviceID, dict[str, Number]] = {}
         for claim_entries in entries:
             roots = {e.candidate.device.pcie_root for e in claim_entries}
             numas = {e.candidate.device.numa_node for e in claim_entries}
@@ -585,4 +600,10 @@ class NodeSearch:
                         opened += 1
                     if device.allow_multiple:
                         room += room_score(device, self.state.committed_consumed(device.id))
-        return (opened, room, tier)
+                if device.allow_multiple:
+                    total = consumed_by.setdefault(device.id, {})
+                    for key, value in (entry.consumed or {}).items():
+                        total[key] = total.get(key, 0) + value
+        for device_id, consumed in consumed_by.items():
+            after += room_score(devices[device_id], self.state.committed_consumed(device_id), consumed)
+        return (opened, room, tier, after)

@@ -85,3 +85,34 @@ def test_the_fullest_device_takes_the_share_not_the_one_it_would_leave_tightest(
     first-fit on every family of bench/packing_traces.py's tuning traces)."""
     state, node = _two_gpus(cluster_mode, (30, 60), (60, 5))
     _place_then(state, node, cluster_mode, share("first", 20, 5), share("second", 45, 35))
+
+
+def test_an_empty_device_is_chosen_by_how_much_the_share_fills_it() -> None:
+    """kubernetes #138765 across two nodes (seen on the real 1.37.2 cluster): a 20 GiB share that may
+    use an 80 GiB GPU X or a 40 GiB GPU Y, and a whole-GPU claim that must have X. Ranked by their
+    load before the share, both GPUs are empty and tie; the share then goes to the one it fills
+    most, Y, and X stays whole for the claim that needs it."""
+    slices = [node_slice("node-a", gpus=8, memory_gi=80), node_slice("node-b", gpus=4, memory_gi=40)]
+    for device in slices[1]["spec"]["devices"]:
+        device["attributes"]["uuid"] = {"string": "GPU-B" + device["attributes"]["uuid"]["string"][4:]}
+    x, y = "GPU-0000", "GPU-B0000"  # gpu-0 of the 80 GiB node, gpu-0 of the 40 GiB node
+    share_claim = share("share", 20)
+    share_claim["spec"]["devices"]["requests"][0]["exactly"]["capacity"]["requests"].pop("compute")
+    selector = f'device.attributes["{OURS}"].uuid == "{x}" || device.attributes["{OURS}"].uuid == "{y}"'
+    share_claim["spec"]["devices"]["requests"][0]["exactly"]["selectors"] = [
+        {"cel": {"expression": selector}}
+    ]
+    whole = share("whole", 80)
+    whole["spec"]["devices"]["requests"][0]["exactly"].pop("capacity")  # a whole GPU: its default
+    whole["spec"]["devices"]["requests"][0]["exactly"]["selectors"] = [
+        {"cel": {"expression": f'device.attributes["{OURS}"].uuid == "{x}"'}}
+    ]
+    state = ClusterState()
+    for raw in [*slices, *our_classes()]:
+        (state.upsert_slice if raw["kind"] == "ResourceSlice" else state.upsert_class)(raw)
+    for node in ("node-a", "node-b"):
+        state.upsert_node(node, {})
+    placed = state.allocate([share_claim, whole], node=None, policy="best-fit", pod_groups=[[0], [1]])
+    assert placed is not None
+    pools = [result["pool"] for allocation in placed for result in allocation["devices"]["results"]]
+    assert pools == ["node-b", "node-a"]
