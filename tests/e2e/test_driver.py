@@ -296,7 +296,9 @@ def test_kube_scheduler_allocates_an_ungated_share_and_the_kubelet_prepares_it(n
     and deleting the pod unprepares it and removes the CDI file."""
     start_share("share", namespace, memory="12Gi", compute="15")
     node = get("pod", "share", namespace)["spec"]["nodeName"]
-    (scheduled,) = _events_of("share", namespace, "Scheduled")
+    # kube-scheduler records its Events asynchronously: under load the pod can run first (seen once).
+    (scheduled,) = wait_for(lambda: _events_of("share", namespace, "Scheduled"), timeout=60,
+                            what="kube-scheduler's Scheduled Event")  # fmt: skip
     assert (
         scheduled.get("reportingComponent") == "default-scheduler"
         or scheduled["source"].get("component") == "default-scheduler"
