@@ -14,6 +14,7 @@ rules when it was written.
 from __future__ import annotations
 
 import functools
+import json
 import re
 import urllib.parse
 from typing import Any
@@ -142,8 +143,11 @@ def _strings(values: Any) -> list[str]:
 
 
 def _go_slice(type_name: str, values: list[str]) -> str:
-    """A string slice as Go's ``%#v`` prints it in ``field.Invalid``: ``[]string{"*", "a"}``."""
-    return f"[]{type_name}{{" + ", ".join(go_quote(value) for value in values) + "}"
+    """A slice as ``field.Invalid`` prints it: JSON, as Go's encoding/json writes it (compact, with
+    ``<``, ``>`` and ``&`` escaped): ``["*","a"]`` (kube-apiserver 1.37.2; ``type_name`` is what
+    Go's ``%#v`` would have named, which it falls back to only for values JSON cannot encode)."""
+    text = json.dumps(list(values), separators=(",", ":"), ensure_ascii=False)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
 def _check_webhook(hook: Obj, base: str, causes: Causes) -> None:
