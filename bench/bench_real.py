@@ -28,6 +28,9 @@ Cases:
 - **backlog, kube-scheduler at 500 qps**: the backlog again, kube-scheduler restarted with its
   client limits raised from its defaults (50 requests per second, bursts of 100): which of the two
   limits the path;
+- **allocation guard**: the backlog and the stream of ungated pods once more, kube-scheduler alone
+  and kube-scheduler with our controller serving the allocation guard (the chart's webhook
+  configuration, pointed at the controller by URL): what the guard costs kube-scheduler's own path;
 - **gang**: a PodGroup of 64 pods (``minCount`` 64), one 40Gi/50 % share each: ours gated, against
   kube-scheduler's own gang scheduling (GenericWorkload) with the pods ungated; first create to all
   bound. One sample takes about 4 s and varies by a second from run to run on a shared 2-core
@@ -123,6 +126,61 @@ def start_cluster() -> Any:
         return start_cluster()
     cluster.up_control_plane(binaries())
     return cluster
+
+
+GUARD_PORT = 9443
+GUARD_WEBHOOK = "fractional-bench-allocation-guard"
+
+
+def guard_certificate(cluster: Any) -> Path:
+    """tls.crt and tls.key for the guard on 127.0.0.1, signed by the cluster's CA."""
+    from localcluster.pki import serving_cert
+
+    directory = cluster.pki_dir / "allocation-guard"
+    if not (directory / "tls.crt").exists():
+        cert = serving_cert(cluster.pki_dir, "allocation-guard", ["IP:127.0.0.1"])
+        directory.mkdir(exist_ok=True)
+        shutil.copy(cert.cert, directory / "tls.crt")
+        shutil.copy(cert.key, directory / "tls.key")
+    return directory
+
+
+def register_guard(api: Api, cluster: Any) -> None:
+    """The chart's ValidatingWebhookConfiguration for the guard, as the chart renders it, pointed at
+    the controller process by URL (no Service here) and with our controller's user left out."""
+    import base64
+
+    import helm_python as helm
+    import yaml
+
+    chart = helm.Chart.load(str(ROOT / "charts" / "fractional-dra"))
+    manifests = chart.render({}, name="fractional-dra", namespace="fractional-system", is_install=True)
+    (webhook_configuration,) = [
+        doc for name, text in manifests.items() if name.endswith("allocation-guard.yaml")
+        for doc in yaml.safe_load_all(text) if doc and doc["kind"] == "ValidatingWebhookConfiguration"
+    ]  # fmt: skip
+    webhook_configuration["metadata"] = {"name": GUARD_WEBHOOK}
+    ca = base64.b64encode((cluster.pki_dir / "ca.crt").read_bytes()).decode()
+    for webhook in webhook_configuration["webhooks"]:
+        webhook["clientConfig"] = {
+            "url": f"https://127.0.0.1:{GUARD_PORT}/validate-allocation",
+            "caBundle": ca,
+        }
+        for condition in webhook["matchConditions"]:
+            if condition["name"] == "not-this-controller":
+                condition["expression"] = f"request.userInfo.username != '{CONTROLLER_USER}'"
+    registrations = client.AdmissionregistrationV1Api(api.api)
+    unregister_guard(api)
+    registrations.create_validating_webhook_configuration(webhook_configuration)
+    time.sleep(2.0)  # the apiserver's informer picks it up
+
+
+def unregister_guard(api: Api) -> None:
+    try:
+        client.AdmissionregistrationV1Api(api.api).delete_validating_webhook_configuration(GUARD_WEBHOOK)
+    except client.ApiException as error:
+        if error.status != 404:
+            raise
 
 
 def binaries() -> Any:
@@ -367,6 +425,7 @@ class Run:
     api: Api
     binds: Binds
     path: str
+    guard: bool = False  # our controller serves the allocation guard; kube-scheduler's writes go through it
     controller: subprocess.Popen[bytes] | None = None
     serial: Iterator[int] = field(default_factory=lambda: iter(range(10**9)))
 
@@ -375,15 +434,21 @@ class Run:
         return self.path == "ours"
 
     def start_controller(self) -> None:
-        """Our controller for our path; then one pod through the path, either way."""
-        if self.gated:
+        """Our controller for our path (and for the guarded one); then one pod through the path."""
+        if self.gated or self.guard:
             log = (STATE_DIR / "logs" / "fractional-controller.log").open("ab")
             kubeconfig = str(self.cluster.state_dir / "controller.kubeconfig")
+            guard = []
+            if self.guard:
+                guard = ["--allocation-guard-port", str(GUARD_PORT), "--metrics-host", "127.0.0.1",
+                         "--allocation-guard-cert-dir", str(guard_certificate(self.cluster))]  # fmt: skip
             self.controller = subprocess.Popen(
                 [sys.executable, "-m", "driver", "controller", "--kubeconfig", kubeconfig, "--metrics-port",
-                 "0", "--log-level", "warning"],
+                 "0", "--log-level", "warning", *guard],
                 cwd=ROOT, stdout=log, stderr=log,
             )  # fmt: skip
+        if self.guard:
+            register_guard(self.api, self.cluster)
         self.warm_up()
 
     def warm_up(self) -> None:
@@ -397,6 +462,8 @@ class Run:
         self.delete([name])
 
     def stop_controller(self) -> None:
+        if self.guard:
+            unregister_guard(self.api)
         if self.controller is not None:
             self.controller.terminate()
             try:
@@ -718,7 +785,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--gang-repeats", type=int, default=5, help="gang samples per path")
     parser.add_argument("--packing-nodes", type=int, default=50, help="the Nodes the packing case uses")
     parser.add_argument(
-        "--skip", default="", help="comma list of cases left out: backlog,stream,packing,gang,raised,profile"
+        "--skip",
+        default="",
+        help="comma list of cases left out: backlog,stream,packing,gang,guard,raised,profile",
     )
     args = parser.parse_args(argv)
     skipped = set(filter(None, args.skip.split(",")))
@@ -772,6 +841,26 @@ def main(argv: list[str]) -> int:
                         extra = {"repeat": repeat + 1} if repeats > 1 else {}
                         rows.append({"case": name, "path": path, **extra, **row, **cost})
                         print(json.dumps(rows[-1]), flush=True)
+        if "guard" not in skipped:
+            # The allocation guard's cost to kube-scheduler's own path: the same backlog and stream of
+            # ungated pods, without and with our controller's guard on every allocation it writes.
+            guarded_cases: list[tuple[str, Callable[[Run], Any]]] = [
+                ("backlog", lambda run: case_backlog(run, args.backlog)),
+                ("stream", lambda run: case_stream(run, args.stream, args.interval)),
+            ]
+            for name, case in guarded_cases:
+                for guarded in (False, True) if name == "backlog" else (True, False):
+                    run = Run(cluster, api, binds, "kube-scheduler", guard=guarded)
+                    run.start_controller()
+                    label = "kube-scheduler, guarded" if guarded else "kube-scheduler"
+                    print(f"== {name} through the allocation guard: {label}", flush=True)
+                    try:
+                        result, cost = measured(run, lambda run=run, case=case: case(run), scheduler)
+                        run.clean()
+                    finally:
+                        run.stop_controller()
+                    rows.append({"case": f"{name}, allocation guard", "path": label, **result, **cost})
+                    print(json.dumps(rows[-1]), flush=True)
         if "raised" not in skipped:
             # The same backlog with kube-scheduler's client limits raised (its defaults: 50 requests
             # per second, bursts of 100): is it, or our controller, what limits the path?
@@ -843,6 +932,12 @@ def ratios(rows: list[dict[str, Any]]) -> str:
             lines.append(f"- whole GPUs free after {phase}: {ours['gpus_free'] / theirs['gpus_free']:.2f}x "
                          f"({ours['gpus_free']} against {theirs['gpus_free']}); 8-GPU pods that fit: "
                          f"{ours['free_8gpu_nodes']} against {theirs['free_8gpu_nodes']}")  # fmt: skip
+    for case, key, word in (("backlog, allocation guard", "pods_per_s", "throughput"),
+                            ("stream, allocation guard", "p50_s", "median latency")):  # fmt: skip
+        plain, guarded = pick(case, "kube-scheduler"), pick(case, "kube-scheduler, guarded")
+        if plain and guarded:
+            lines.append(f"- kube-scheduler's own {case.split(',')[0]} {word} through the allocation guard: "
+                         f"{guarded[key] / plain[key]:.2f}x its own without it")  # fmt: skip
     gang = {path: [r for r in rows if r["case"] == "gang" and r["path"] == path] for path in PATHS}
     times = {path: [float(r.get("all_bound_s") or "nan") for r in found] for path, found in gang.items()}
     if all(times.values()) and not any(math.isnan(t) for found in times.values() for t in found):
