@@ -81,9 +81,7 @@ def get_json(
     method, url, headers, _body, _post = api_client.param_serialize(
         "GET", path, header_params={"Accept": "application/json"}, auth_settings=["BearerToken"]
     )
-    response = api_client.call_api(
-        method, url, header_params=headers, _request_timeout=timeout_seconds
-    )
+    response = api_client.call_api(method, url, header_params=headers, _request_timeout=timeout_seconds)
     response.read()  # type: ignore[no-untyped-call]
     check_response_status(response.status, response.data or b"", what)
     result: dict[str, Any] = json.loads(response.data or b"{}")
