@@ -259,3 +259,15 @@ def share(name: str, memory_gi: float, compute: int = 0, *, namespace: str = "de
         exact("gpu", class_name="gpu.fractional.dev", capacity={"memory": memory, "compute": str(compute)}),
         namespace=namespace,
     )
+
+
+def gpu_cluster(nodes: int, gpus: int = 8) -> Any:
+    """A ``ClusterState`` of ``nodes`` nodes of ``gpus`` 80 GiB GPUs each, our classes installed."""
+    from driver.allocator import ClusterState
+
+    state = ClusterState()
+    for device_class in our_classes():
+        state.upsert_class(device_class)
+    for index in range(nodes):
+        state.upsert_slice(node_slice(f"n{index:02d}", gpus=gpus))
+    return state

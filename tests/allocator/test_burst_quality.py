@@ -10,7 +10,7 @@ import random
 from typing import Any
 
 import pytest
-from allocator_builders import claim, exact, node_slice, our_classes, share
+from allocator_builders import claim, exact, gpu_cluster, share
 
 from driver.allocator import ClusterState
 
@@ -19,12 +19,7 @@ NODES = 13  # x 8 GPUs
 
 
 def _state(nodes: int = NODES) -> ClusterState:
-    state = ClusterState()
-    for device_class in our_classes():
-        state.upsert_class(device_class)
-    for index in range(nodes):
-        state.upsert_slice(node_slice(f"n{index:02d}", gpus=8))
-    return state
+    return gpu_cluster(nodes)
 
 
 def _devices_used(results: list[list[dict[str, Any]] | None]) -> dict[tuple[str, str], tuple[float, int]]:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from allocator_builders import node_slice, our_classes, share
+from allocator_builders import gpu_cluster, share
 
 from driver.allocator import ClusterState
 
@@ -26,12 +26,7 @@ PREFIX_GPUS = 8
 
 
 def _state(nodes: int) -> ClusterState:
-    state = ClusterState()
-    for device_class in our_classes():
-        state.upsert_class(device_class)
-    for index in range(nodes):
-        state.upsert_slice(node_slice(f"n{index:02d}", gpus=8))
-    return state
+    return gpu_cluster(nodes)
 
 
 def _place(

@@ -142,10 +142,10 @@ def _strings(values: Any) -> list[str]:
     return [str(value) for value in values] if isinstance(values, list) else []
 
 
-def _go_slice(type_name: str, values: list[str]) -> str:
-    """A slice as ``field.Invalid`` prints it: JSON, as Go's encoding/json writes it (compact, with
-    ``<``, ``>`` and ``&`` escaped): ``["*","a"]`` (kube-apiserver 1.37.2; ``type_name`` is what
-    Go's ``%#v`` would have named, which it falls back to only for values JSON cannot encode)."""
+def _json_list(values: list[str]) -> str:
+    """A list as ``field.Invalid`` prints it: JSON, as Go's encoding/json writes it (compact, with
+    ``<``, ``>`` and ``&`` escaped): ``["*","a"]`` (kube-apiserver 1.37.2; it falls back to Go's
+    ``%#v`` only for values JSON cannot encode)."""
     text = json.dumps(list(values), separators=(",", ":"), ensure_ascii=False)
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
@@ -200,42 +200,29 @@ def _fully_qualified_name(name: Any, field: str, causes: Causes) -> None:
         )
 
 
+def _star_alone(values: list[str], field: str, what: str, causes: Causes) -> None:
+    """``*`` may not stand beside other values (operations, API groups, API versions)."""
+    if len(values) > 1 and "*" in values:
+        causes.append(
+            (field, f"Invalid value: {_json_list(values)}: if '*' is present, must not specify other {what}")
+        )
+
+
 def _check_rule(rule: Obj, base: str, causes: Causes) -> None:
     operations = _strings(rule.get("operations"))
     if not operations:
         causes.append((f"{base}.operations", "Required value"))
-    if len(operations) > 1 and "*" in operations:
-        causes.append(
-            (
-                f"{base}.operations",
-                f"Invalid value: {_go_slice('admissionregistration.OperationType', operations)}: "
-                "if '*' is present, must not specify other operations",
-            )
-        )
+    _star_alone(operations, f"{base}.operations", "operations", causes)
     for index, operation in enumerate(operations):
         if operation not in _OPERATIONS:
             causes.append((f"{base}.operations[{index}]", unsupported(operation, _OPERATIONS)))
     groups, versions = _strings(rule.get("apiGroups")), _strings(rule.get("apiVersions"))
     if not groups:
         causes.append((f"{base}.apiGroups", "Required value"))
-    if len(groups) > 1 and "*" in groups:
-        causes.append(
-            (
-                f"{base}.apiGroups",
-                f"Invalid value: {_go_slice('string', groups)}: "
-                "if '*' is present, must not specify other API groups",
-            )
-        )
+    _star_alone(groups, f"{base}.apiGroups", "API groups", causes)
     if not versions:
         causes.append((f"{base}.apiVersions", "Required value"))
-    if len(versions) > 1 and "*" in versions:
-        causes.append(
-            (
-                f"{base}.apiVersions",
-                f"Invalid value: {_go_slice('string', versions)}: "
-                "if '*' is present, must not specify other API versions",
-            )
-        )
+    _star_alone(versions, f"{base}.apiVersions", "API versions", causes)
     for index, version in enumerate(versions):
         if not version:
             causes.append((f"{base}.apiVersions[{index}]", "Required value"))
@@ -278,12 +265,12 @@ def _check_resources(resources: list[str], field: str, causes: Causes) -> None:
             wildcard_resources.add(subresource)
     if len(resources) > 1 and double_wildcard:
         causes.append(
-            (field, f"Invalid value: {_go_slice('string', resources)}: "
+            (field, f"Invalid value: {_json_list(resources)}: "
              "if '*/*' is present, must not specify other resources")
         )  # fmt: skip
     if single_wildcard and without_subresource:
         causes.append(
-            (field, f"Invalid value: {_go_slice('string', resources)}: "
+            (field, f"Invalid value: {_json_list(resources)}: "
              "if '*' is present, must not specify other resources without subresources")
         )  # fmt: skip
 
@@ -428,7 +415,7 @@ def _check_review_versions(versions: Any, field: str, causes: Causes) -> None:
             causes.append((f"{field}[{index}]", f"Invalid value: {go_quote(version)}: {_DNS_1035_MESSAGE}"))
     if not seen & set(ADMISSION_REVIEW_VERSIONS):
         causes.append(
-            (field, f"Invalid value: {_go_slice('string', versions)}: must include at least one of "
+            (field, f"Invalid value: {_json_list(versions)}: must include at least one of "
              f"{', '.join(ADMISSION_REVIEW_VERSIONS)}")
         )  # fmt: skip
 
