@@ -27,7 +27,7 @@ from kubernetes import client
 from driver.allocator import AllocationError, allocate
 from driver.cluster.apiserver.store import new_timestamp
 from driver.cluster.kubelet import pod_status
-from driver.errors import ConflictError, NotFoundError
+from driver.errors import ConflictError, FractionalError, NotFoundError
 from driver.kube import REQUEST_TIMEOUT_SECONDS, api_errors, as_dict, new_api_client
 from driver.kube.transport import JsonSender
 
@@ -198,12 +198,16 @@ class PodBinder:
             if not node_count:
                 with api_errors("list nodes"):
                     node_count = len(core.list_node(_request_timeout=REQUEST_TIMEOUT_SECONDS).items)
-            unschedulable = self._schedule(resource, pod, node_count)
-            if unschedulable is not None:
-                self._report_unschedulable(core, pod, unschedulable)
-                continue
-            self._unschedulable.pop(pod["metadata"]["uid"], None)
-            self._bind(core, resource, pod)
+            try:
+                unschedulable = self._schedule(resource, pod, node_count)
+                if unschedulable is not None:
+                    self._report_unschedulable(core, pod, unschedulable)
+                    continue
+                self._unschedulable.pop(pod["metadata"]["uid"], None)
+                self._bind(core, resource, pod)
+            except FractionalError as error:  # this pod's namespace going away, a conflict: the others go on
+                where = f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
+                log.warning("pod not bound this pass", extra={"pod": where, "error": str(error)[:300]})
         uids = {pod["metadata"]["uid"] for pod in present.values()}
         for uid in [uid for uid in self._unschedulable if uid not in uids]:
             del self._unschedulable[uid]
@@ -367,14 +371,19 @@ class PodBinder:
             "metadata": {"name": name, "namespace": namespace},
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         }
-        with api_errors(f"bind Pod {namespace}/{name}"):
-            core.create_namespaced_pod_binding(
-                name,
-                namespace,
-                cast(Any, binding),
-                _request_timeout=REQUEST_TIMEOUT_SECONDS,
-                _preload_content=False,  # the client cannot decode the Status the server answers with
-            )
+        try:
+            with api_errors(f"bind Pod {namespace}/{name}"):
+                core.create_namespaced_pod_binding(
+                    name,
+                    namespace,
+                    cast(Any, binding),
+                    _request_timeout=REQUEST_TIMEOUT_SECONDS,
+                    _preload_content=False,  # the client cannot decode the Status the server answers with
+                )
+        except NotFoundError:  # deleted meanwhile: what was reserved for it is given back
+            log.info("pod gone before it was bound", extra={"pod": f"{namespace}/{name}"})
+            self._release(resource, BoundPod(name, pod_uid, node, refs, namespace=namespace))
+            return
         answer = self._kubelets[node].prepare(refs) if refs else {}
         cdi_devices: list[str] = []
         by_claim: dict[str, list[str]] = {}
@@ -391,18 +400,25 @@ class PodBinder:
         bound.namespace = namespace
         status = pod_status(pod, started=not errors, now=new_timestamp())
         phase = status["phase"]
-        with api_errors(f"update status of Pod {namespace}/{name}"):
-            core.patch_namespaced_pod(
-                name,
-                namespace,
-                {"metadata": {"annotations": {CDI_ANNOTATION: ",".join(cdi_devices)}}},
-                _request_timeout=REQUEST_TIMEOUT_SECONDS,
-            )
-            core.patch_namespaced_pod_status(
-                name, namespace, {"status": status}, _request_timeout=REQUEST_TIMEOUT_SECONDS
-            )
+        # Recorded before its status is written: a pod deleted from here on (seen: a Job's pod, in
+        # the namespace a test deletes) is released by the next pass, its claims unprepared and
+        # unreserved, and the namespace can go.
         with self._lock:
             self._bound[self._key(namespace, name)] = bound
+        try:
+            with api_errors(f"update status of Pod {namespace}/{name}"):
+                core.patch_namespaced_pod(
+                    name,
+                    namespace,
+                    {"metadata": {"annotations": {CDI_ANNOTATION: ",".join(cdi_devices)}}},
+                    _request_timeout=REQUEST_TIMEOUT_SECONDS,
+                )
+                core.patch_namespaced_pod_status(
+                    name, namespace, {"status": status}, _request_timeout=REQUEST_TIMEOUT_SECONDS
+                )
+        except NotFoundError:
+            log.info("pod gone before its status was written", extra={"pod": f"{namespace}/{name}"})
+            return
         log.info("pod bound and prepared", extra={"pod": f"{namespace}/{name}", "node": node, "phase": phase})
 
     def _reserve(

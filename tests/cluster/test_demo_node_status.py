@@ -228,3 +228,33 @@ def test_a_bad_claim_is_reported_with_the_allocators_error(
     describe = kubectl.run("describe", "pod", "typo", "-n", "bad").stdout
     assert "FailedScheduling" in describe and "default-scheduler" in describe
     kubectl.run("delete", "namespace", "bad", "--wait=false")
+
+
+# A pod that goes mid-bind -----------------------------------------------------------------------
+
+
+class _DeletedBeforeItsStatus(client.CoreV1Api):  # type: ignore[misc]
+    """The API as the binder uses it, but the pod is deleted (grace 0) just before the binder
+    writes its status: a Job's pod deleted with its namespace can go at that moment."""
+
+    def patch_namespaced_pod(self, name: str, namespace: str, body: Any, **kwargs: Any) -> Any:
+        self.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+        return super().patch_namespaced_pod(name, namespace, body, **kwargs)
+
+
+def test_a_pod_deleted_while_it_is_bound_gives_its_claim_back(
+    kubectl: Kubectl, binder: tuple[PodBinder, client.CoreV1Api, client.ResourceV1Api]
+) -> None:
+    """Seen in make test: the binder bound and prepared a Job's pod that was deleted before its
+    status was written; the 404 left the claim reserved and prepared, and the namespace's deletion
+    waited for it forever. The pod is released on the next pass instead."""
+    pod_binder, core, resource = binder
+    kubectl.run("create", "namespace", "midbind")
+    kubectl.apply(_claim("held", "midbind"))
+    kubectl.apply(_pod("going", "midbind", "held"))
+    pod_binder.sync_once(_DeletedBeforeItsStatus(core.api_client), resource)  # no error: it is gone
+    pod_binder.sync_once(core, resource)  # the next pass releases what it prepared
+    claim = kubectl.json("get", "resourceclaim", "held", "-n", "midbind")
+    assert not claim["status"].get("reservedFor"), claim["status"]
+    assert "midbind/going" not in pod_binder.bound()
+    kubectl.run("delete", "namespace", "midbind", "--timeout=60s")
