@@ -1,5 +1,11 @@
 """``fractional controller``: metrics server, optional leader election, the controller; exit codes.
 
+With ``--allocation-guard-port``, the leader also serves the allocation guard (driver/controller/
+guard): it binds the guard's port before it starts (a bad certificate is a configuration error),
+points the guard's Service at itself (``--allocation-guard-service``), and decides nothing until
+``GUARD_SETTLE_SECONDS`` after that, so that another allocator's writes admitted unchecked while no
+replica answered are in its view first. A clean stop withdraws the Service's endpoint.
+
 Returns 0 after a clean stop (SIGTERM), 1 when leadership was lost (the process must exit so that
 nothing it still had in flight is written by a non-leader; the Deployment restarts it).
 """
