@@ -12,6 +12,7 @@ from kubernetes import client
 from kubernetes.utils import parse_quantity
 
 from driver.controller import FINALIZER, Controller, HaltWrites, ReconcilerSettings, WriteRecord
+from driver.controller.view.cache import Kind
 from tests.controller.conftest import Cluster, RunningController, gated_pod, gpu_claim, wait_for
 
 pytestmark = pytest.mark.shared  # also run on the real apiserver (--cluster=real)
@@ -72,6 +73,29 @@ def test_vanished_allocation_drops_our_finalizer_and_is_counted(cluster: Cluster
         wait_for(lambda: not cluster.has_finalizer("v"), what="finalizer dropped")
         registry = instance.metrics.registry
         assert registry.get_sample_value("fractional_controller_allocations_vanished_total") == 1
+    finally:
+        instance.stop()
+
+
+def test_a_replica_told_to_stop_places_nothing_more_and_keeps_watching(cluster: Cluster) -> None:
+    """A clean stop begins with ``stop_deciding``: on a real cluster a Deployment scaled to 0 keeps the
+    process alive for the rest of its grace period (``kubectl rollout status`` returns before), and a
+    pod made then must wait gated, as docs/install.md says. Seen in make e2e: the replica went on
+    placing pods while it closed the allocation guard and the Kueue check. The watches stay up, so
+    the guard still answers from a current view until it is closed."""
+    cluster.add_node("node-a", "l4-2x")
+    cluster.create_claim(gpu_claim("before", memory="2Gi"))
+    cluster.create_pod(gated_pod("before", ["before"]))
+    instance = Controller(configuration=cluster.server.configuration(), settings=ReconcilerSettings())
+    instance.start()
+    try:
+        wait_for(lambda: cluster.ungated("before"), what="placed while running")
+        instance.stop_deciding()
+        cluster.create_claim(gpu_claim("after", memory="2Gi"))
+        cluster.create_pod(gated_pod("after", ["after"]))
+        wait_for(lambda: instance.cache.get(Kind.POD, "default/after") is not None, what="the pod seen")
+        threading.Event().wait(1.0)  # a decider still running would place it well within this
+        assert not cluster.ungated("after") and not cluster.allocated("after")
     finally:
         instance.stop()
 

@@ -97,11 +97,23 @@ def test_a_pod_labelled_disabled_is_left_to_kube_scheduler(user_namespace: str) 
 
 @contextlib.contextmanager
 def _controller_stopped() -> Iterator[None]:
-    """The controller's Deployment at zero replicas, then back at its own count."""
-    replicas = get(*CONTROLLER.split("/"), RELEASE_NAMESPACE)["spec"]["replicas"]
+    """The controller's Deployment at zero replicas and its pods gone, then back at its own count.
+
+    ``kubectl rollout status`` returns as soon as the Deployment counts no replica, while the old pod
+    is still terminating (learned in make e2e): until the kubelet has stopped it, that replica may
+    still place pods, so the case waits for the pods themselves to be gone, as a user stopping the
+    controller would."""
+    deployment = get(*CONTROLLER.split("/"), RELEASE_NAMESPACE)
+    replicas = deployment["spec"]["replicas"]
+    selector = ",".join(f"{k}={v}" for k, v in deployment["spec"]["selector"]["matchLabels"].items())
     kubectl("scale", CONTROLLER, "-n", RELEASE_NAMESPACE, "--replicas=0")
     try:
         kubectl("rollout", "status", CONTROLLER, "-n", RELEASE_NAMESPACE, "--timeout=120s", timeout=150)
+        wait_for(
+            lambda: not kubectl("get", "pods", "-l", selector, "-n", RELEASE_NAMESPACE, "-o", "name").strip(),
+            timeout=120,
+            what="the controller's pods gone",
+        )
         yield
     finally:
         kubectl("scale", CONTROLLER, "-n", RELEASE_NAMESPACE, f"--replicas={replicas}")

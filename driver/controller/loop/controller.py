@@ -189,6 +189,16 @@ class Controller:
         deadline = time.monotonic() + timeout_seconds
         return all(w.synced.wait(max(0.0, deadline - time.monotonic())) for w in self.watchers)
 
+    def stop_deciding(self, timeout_seconds: float = 10.0) -> None:
+        """Decide nothing more and let the writes in flight finish (the decider's pass ends, its write
+        pool drains), keeping the watches: the first step of a clean stop, so that a replica told to
+        stop places no pod after that and the allocation guard still answers from a current view
+        until it is closed. ``stop`` follows."""
+        self._decider_stop.set()
+        self.queue.shut_down()
+        if self._worker.is_alive():
+            self._worker.join(timeout_seconds)
+
     def stop(self, timeout_seconds: float = 10.0) -> None:
         self.stop_event.set()
         self._decider_stop.set()

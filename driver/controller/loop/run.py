@@ -4,7 +4,8 @@ With ``--allocation-guard-port``, the leader also serves the allocation guard (d
 guard): it binds the guard's port before it starts (a bad certificate is a configuration error),
 points the guard's Service at itself (``--allocation-guard-service``), and decides nothing until
 ``GUARD_SETTLE_SECONDS`` after that, so that another allocator's writes admitted unchecked while no
-replica answered are in its view first. A clean stop withdraws the Service's endpoint.
+replica answered are in its view first. A clean stop first stops deciding (the writes in flight
+finish), then closes the guard and withdraws the Service's endpoint.
 
 Returns 0 after a clean stop (SIGTERM), 1 when leadership was lost (the process must exit so that
 nothing it still had in flight is written by a non-leader; the Deployment restarts it).
@@ -165,6 +166,11 @@ def run_controller(
         stopped_cleanly = True
         return 0
     finally:
+        if controller is not None and stopped_cleanly:
+            # Told to stop: place nothing more from here (a Deployment scaled to 0 keeps this
+            # process running for the rest of its grace period, and a user then expects gated
+            # pods to wait). The guard keeps answering until the writes in flight are done.
+            controller.stop_deciding()
         if guard_server is not None:
             guard_server.close()
         if endpoint is not None:
