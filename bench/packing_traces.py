@@ -49,6 +49,17 @@ every 10th, on nodes of 4, 8 and 12 GPUs: prefix) the chosen rule beats first-fi
 traces against the optimum take 66 GPUs online against first-fit's 65 (the rule before: 65); issue 15's
 families over seeds 1..100 are as before but compute-bound, 2216 GPUs (before: 2221; first-fit 2226) and
 a prefix of 2433 (before: 2434; first-fit 2426); the churn row keeps 33.7 whole GPUs free (before: 32.7).
+
+How much 60 traces can say (issue 26, after the held-out balanced prefix came out 1479 against
+first-fit's 1480): on 2,940 more tuning traces per family (seeds 1..1000 and 1061..3000, run with a
+quick model of this allocator's two orders that gives exactly its sums on the tuning and held-out seeds),
+the chosen rule is ahead of first-fit per 60 traces by 2.6/4.2 GPUs/prefix on memory-bound, 5.4/6.2 on
+compute-bound, 4.0/4.7 on balanced, 2.1/2.2 on near-whole, but by 0.1/1.2 on mixed: there, a sum of 60
+traces is at least first-fit's on both measures in 37 % of the samples of 60, on balanced in 88 %. None of
+the 25 other rules tried on that set (powers 2 to 12, compute weights 0 to 3, load buckets broken by
+first-fit order, a penalty for the imbalance a share leaves, the share's dominant capacity alone) did
+better than 55 % on mixed without losing elsewhere, so the rule was kept, and the bench reports it on
+``WIDE_HELD_OUT_SEEDS`` as well, where a family's sum is decided by the rule rather than by the sample.
 """
 
 from __future__ import annotations
@@ -62,6 +73,7 @@ __all__ = [
     "GPU_MEMORY_GI",
     "HELD_OUT_SEEDS",
     "TUNING_SEEDS",
+    "WIDE_HELD_OUT_SEEDS",
     "Share",
     "packing_trace",
     "volume_bound",
@@ -72,6 +84,7 @@ Share = tuple[int, int]  # (memory GiB, compute %)
 FAMILIES = ("memory-bound", "compute-bound", "balanced", "mixed", "tiny", "near-whole")
 TUNING_SEEDS = range(1, 61)  # 60 per family: what weights and budgets were chosen on
 HELD_OUT_SEEDS = range(1001, 1061)  # 60 per family: what is reported
+WIDE_HELD_OUT_SEEDS = range(10001, 13001)  # 3,000 per family, online only: also never tuned on
 GPU_MEMORY_GI = 80
 GPU_COMPUTE = 100
 CLUSTER_NODES = 13  # x 8 GPUs: room for any trace below
