@@ -793,34 +793,32 @@ def packing_families(milp_seconds: float, per_split: int | None = None) -> list[
                 "worst_vs_bound": worst.burst_gpus / worst.reference,
                 "ms_median": times["median"], "ms_p99": times["p99"],
             })  # fmt: skip
-            totals = {
-                (measure, policy): sum(getattr(t, measure)[policy] for t in traces.values())
-                for measure in ("online_gpus", "online_prefix")
-                for policy in ("first-fit", "best-fit")
-            }
-            online_rows.append({
-                "benchmark": f"online packing, {family}, {split} {label}",
-                "gpus_first_fit": totals[("online_gpus", "first-fit")],
-                "gpus_best_fit": totals[("online_gpus", "best-fit")],
-                "prefix_first_fit": totals[("online_prefix", "first-fit")],
-                "prefix_best_fit": totals[("online_prefix", "best-fit")],
-                "traces_best_fit_more_gpus": sum(
-                    t.online_gpus["best-fit"] > t.online_gpus["first-fit"] for t in traces.values()
-                ),
-                "traces_best_fit_fewer_gpus": sum(
-                    t.online_gpus["best-fit"] < t.online_gpus["first-fit"] for t in traces.values()
-                ),
-                "traces_best_fit_lower_prefix": sum(
-                    t.online_prefix["best-fit"] < t.online_prefix["first-fit"] for t in traces.values()
-                ),
-                "traces_best_fit_higher_prefix": sum(
-                    t.online_prefix["best-fit"] > t.online_prefix["first-fit"] for t in traces.values()
-                ),
-            })  # fmt: skip
+            online = [
+                (t.online_gpus["first-fit"], t.online_gpus["best-fit"],
+                 t.online_prefix["first-fit"], t.online_prefix["best-fit"])
+                for t in traces.values()
+            ]  # fmt: skip
+            online_rows.append(_online_row(f"online packing, {family}, {split} {label}", online))
     return burst_rows + online_rows
 
 
-def _online_both(job: tuple[str, list[int]]) -> list[tuple[int, int, int, int]]:
+Online = tuple[int, int, int, int]  # a trace: first-fit, best-fit GPUs; first-fit, best-fit prefix
+
+
+def _online_row(benchmark: str, traces: list[Online]) -> dict[str, Any]:
+    """A family's online row: the sums of each measure, and how many traces best-fit did worse or better."""
+    return {
+        "benchmark": benchmark,
+        "gpus_first_fit": sum(t[0] for t in traces), "gpus_best_fit": sum(t[1] for t in traces),
+        "prefix_first_fit": sum(t[2] for t in traces), "prefix_best_fit": sum(t[3] for t in traces),
+        "traces_best_fit_more_gpus": sum(t[1] > t[0] for t in traces),
+        "traces_best_fit_fewer_gpus": sum(t[1] < t[0] for t in traces),
+        "traces_best_fit_lower_prefix": sum(t[3] < t[2] for t in traces),
+        "traces_best_fit_higher_prefix": sum(t[3] > t[2] for t in traces),
+    }  # fmt: skip
+
+
+def _online_both(job: tuple[str, list[int]]) -> list[Online]:
     """(first-fit GPUs, best-fit GPUs, first-fit prefix, best-fit prefix) for each seed of a family."""
     family, seeds = job
     rows = []
@@ -841,21 +839,11 @@ def online_wide(per_family: int | None = None) -> list[dict[str, Any]]:
     jobs = [(family, chunk) for family in PACKING_FAMILIES for chunk in chunks]
     with ProcessPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         done = list(pool.map(_online_both, jobs))
-    per: dict[str, list[tuple[int, int, int, int]]] = {family: [] for family in PACKING_FAMILIES}
+    per: dict[str, list[Online]] = {family: [] for family in PACKING_FAMILIES}
     for (family, _), rows in zip(jobs, done, strict=True):
         per[family].extend(rows)
-    result = []
-    for family, rows in per.items():
-        result.append({
-            "benchmark": f"online packing, {family}, wide held-out seeds {seeds[0]}..{seeds[-1]}",
-            "gpus_first_fit": sum(r[0] for r in rows), "gpus_best_fit": sum(r[1] for r in rows),
-            "prefix_first_fit": sum(r[2] for r in rows), "prefix_best_fit": sum(r[3] for r in rows),
-            "traces_best_fit_more_gpus": sum(r[1] > r[0] for r in rows),
-            "traces_best_fit_fewer_gpus": sum(r[1] < r[0] for r in rows),
-            "traces_best_fit_lower_prefix": sum(r[3] < r[2] for r in rows),
-            "traces_best_fit_higher_prefix": sum(r[3] > r[2] for r in rows),
-        })  # fmt: skip
-    return result
+    label = f"wide held-out seeds {seeds[0]}..{seeds[-1]}"
+    return [_online_row(f"online packing, {family}, {label}", rows) for family, rows in per.items()]
 
 
 PACKING_NOTES = """Issue 26: does the burst path (allocate_many, best-fit) pack traces nobody tuned it on?

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -57,14 +58,23 @@ def test_restart_mid_gang_converges_with_nothing_half_done(
     assert len(devices) == 4  # one 16Gi share per L4: a leftover allocation would have taken a GPU twice
 
 
-def test_vanished_allocation_drops_our_finalizer_and_is_counted(cluster: Cluster) -> None:
+@contextlib.contextmanager
+def _placed_one(cluster: Cluster, name: str) -> Iterator[Controller]:
+    """A controller started beside one node, after it placed the gated pod ``name`` (2Gi); stopped after."""
     cluster.add_node("node-a", "l4-2x")
-    cluster.create_claim(gpu_claim("v", memory="2Gi"))
-    cluster.create_pod(gated_pod("v", ["v"]))
+    cluster.create_claim(gpu_claim(name, memory="2Gi"))
+    cluster.create_pod(gated_pod(name, [name]))
     instance = Controller(configuration=cluster.server.configuration(), settings=ReconcilerSettings())
     instance.start()
     try:
-        wait_for(lambda: cluster.ungated("v"), what="allocated")
+        wait_for(lambda: cluster.ungated(name), what=f"{name} placed")
+        yield instance
+    finally:
+        instance.stop()
+
+
+def test_vanished_allocation_drops_our_finalizer_and_is_counted(cluster: Cluster) -> None:
+    with _placed_one(cluster, "v") as instance:
         # What kube-scheduler's PostFilter does when the pod fits no node: clear the allocation.
         claim = cluster.claim("v")
         assert claim is not None
@@ -73,8 +83,6 @@ def test_vanished_allocation_drops_our_finalizer_and_is_counted(cluster: Cluster
         wait_for(lambda: not cluster.has_finalizer("v"), what="finalizer dropped")
         registry = instance.metrics.registry
         assert registry.get_sample_value("fractional_controller_allocations_vanished_total") == 1
-    finally:
-        instance.stop()
 
 
 def test_a_replica_told_to_stop_places_nothing_more_and_keeps_watching(cluster: Cluster) -> None:
@@ -83,21 +91,13 @@ def test_a_replica_told_to_stop_places_nothing_more_and_keeps_watching(cluster: 
     pod made then must wait gated, as docs/install.md says. Seen in make e2e: the replica went on
     placing pods while it closed the allocation guard and the Kueue check. The watches stay up, so
     the guard still answers from a current view until it is closed."""
-    cluster.add_node("node-a", "l4-2x")
-    cluster.create_claim(gpu_claim("before", memory="2Gi"))
-    cluster.create_pod(gated_pod("before", ["before"]))
-    instance = Controller(configuration=cluster.server.configuration(), settings=ReconcilerSettings())
-    instance.start()
-    try:
-        wait_for(lambda: cluster.ungated("before"), what="placed while running")
+    with _placed_one(cluster, "before") as instance:
         instance.stop_deciding()
         cluster.create_claim(gpu_claim("after", memory="2Gi"))
         cluster.create_pod(gated_pod("after", ["after"]))
         wait_for(lambda: instance.cache.get(Kind.POD, "default/after") is not None, what="the pod seen")
         threading.Event().wait(1.0)  # a decider still running would place it well within this
         assert not cluster.ungated("after") and not cluster.allocated("after")
-    finally:
-        instance.stop()
 
 
 def _over_capacity(cluster: Cluster) -> list[str]:
