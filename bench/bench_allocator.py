@@ -57,6 +57,7 @@ from packing_traces import (
 from packing_traces import FAMILIES as PACKING_FAMILIES
 
 from driver.allocator import ClusterState
+from driver.allocator.batch import PLAN_STEPS
 
 DRIVER = "fractional.dev"
 GI = 1 << 30
@@ -846,23 +847,23 @@ def online_wide(per_family: int | None = None) -> list[dict[str, Any]]:
     return [_online_row(f"online packing, {family}, {label}", rows) for family, rows in per.items()]
 
 
-PACKING_NOTES = """Issue 26: does the burst path (allocate_many, best-fit) pack traces nobody tuned it on?
+PACKING_NOTES = f"""Issue 26: does the burst path (allocate_many, best-fit) pack traces nobody tuned it on?
 
 Traces from bench/packing_traces.py (six families of single shares, 30 to 100 per trace, on 13 nodes x 8
-GPUs of 80 GiB / 100 % compute; see that module). Every weight, order and step budget was chosen on the
-tuning seeds 1..60 per family; the held-out seeds 1001..1060 were run only to report. Per trace: GPUs the
-burst uses against a lower bound (the volume bound: total memory or compute in whole GPUs, or the shares
-over half a GPU in one dimension; where the burst is above it, scipy milp for up to 10 s, whose proven
-bound replaces it, and whose optimum counts where proven). vs_bound: the family's sum over the sum of
-bounds; worst_vs_bound: the worst single trace. ms: wall time of one allocate_many call per trace
-(median, p99), the planner's budget being 200,000 fit tests (batch.PLAN_STEPS: the least at which every
-tuning trace reached its bound). Online: each trace one share at a time, first-fit against best-fit:
-GPUs used placing all of it on the 104 GPUs (whole GPUs left free: 104 per trace less these), and
-shares placed on one node of 8 GPUs before the first refusal (prefix, higher better); summed over the
-family's traces. The wide held-out rows: online only, on 3,000 more seeds per family (10001..13000),
-also never tuned on: the difference between the two policies on mixed and balanced is a few hundredths
-of a GPU per trace against a spread of about a third, so a 60-trace sum is close to a coin toss there and
-only thousands of traces tell which policy packs better.
+GPUs of 80 GiB / 100 % compute; see that module). Every weight, order and step budget was chosen on
+tuning seeds (1..60 per family, and 61..1000 for the step budget); the held-out seeds 1001..1060 were
+run only to report. Per trace: GPUs the burst uses against a lower bound (the volume bound: total memory
+or compute in whole GPUs, or the shares over half a GPU in one dimension; where the burst is above it,
+scipy milp for up to 10 s, whose proven bound replaces it, and whose optimum counts where proven).
+vs_bound: the family's sum over the sum of bounds; worst_vs_bound: the worst single trace. ms: wall time
+of one allocate_many call per trace (median, p99), the planner's budget being {PLAN_STEPS:,} fit tests
+(batch.PLAN_STEPS; packing_traces.py says how it was chosen). Online: each trace one share at a time,
+first-fit against best-fit: GPUs used placing all of it on the 104 GPUs (whole GPUs left free: 104 per
+trace less these), and shares placed on one node of 8 GPUs before the first refusal (prefix, higher
+better); summed over the family's traces. The wide held-out rows: online only, on 3,000 more seeds per
+family (10001..13000), also never tuned on: the difference between the two policies on mixed and
+balanced is a few hundredths of a GPU per trace against a spread of about a third, so a 60-trace sum is
+close to a coin toss there and only thousands of traces tell which policy packs better.
 """
 
 # ---------------------------------------------------------------- gangs
