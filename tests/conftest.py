@@ -7,7 +7,10 @@ through its API alone. The default, ``--cluster=emulator``, runs everything on t
 
 from __future__ import annotations
 
+import gc
 import logging
+import os
+import stat
 import threading
 import time
 from collections.abc import Iterator
@@ -35,6 +38,43 @@ def _restore_root_logging() -> Iterator[None]:
     yield
     root.handlers[:] = handlers
     root.setLevel(level)
+
+
+def _open_sockets() -> set[tuple[int, int]] | None:
+    """(descriptor, inode) of every socket this process has open; None where descriptors cannot be
+    listed (neither /proc/self/fd nor /dev/fd)."""
+    for directory in ("/proc/self/fd", "/dev/fd"):
+        try:
+            names = os.listdir(directory)
+        except OSError:
+            continue
+        found = set()
+        for name in names:
+            try:
+                info = os.fstat(int(name))
+            except OSError:  # the listing's own descriptor, closed by now
+                continue
+            if stat.S_ISSOCK(info.st_mode):
+                found.add((int(name), info.st_ino))
+        return found
+    return None
+
+
+@pytest.fixture(autouse=True)
+def _collect_leaked_sockets() -> Iterator[None]:
+    """A client a test leaves unclosed (an ApiClient, a PoolManager, an answer read with
+    ``_preload_content=False`` and left unread) keeps its socket open. Held in a reference cycle (a
+    caught exception's traceback keeps the test's frame and its locals alive), it is finalized when
+    the garbage collector next runs, and its ResourceWarning (an error here) then fails whichever
+    test runs at that moment. So when a test ends with a socket open that was not open before it,
+    collect now: the warning fails this test. Set up before the test's own fixtures, so checked
+    after their teardown. Not after every test: a full collection takes 0.1-0.2 s of CPU, and one
+    after each test made tests/chart, tests/allocator and tests/inventory take 111 s instead of 38 s."""
+    before = _open_sockets()
+    yield
+    after = _open_sockets()
+    if before is None or after is None or after - before:
+        gc.collect()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -93,6 +93,7 @@ def cluster() -> Iterator[Cluster]:
     stop = threading.Event()
     binder_stop = threading.Event()
     binder: PodBinder | None = None
+    api_client: client.ApiClient | None = None
     try:
         configuration = fake.start_api()
         fake.create_base_objects(configuration, NAMESPACE)
@@ -110,6 +111,8 @@ def cluster() -> Iterator[Cluster]:
         binder_stop.set()
         if binder is not None:
             binder.join()
+        if api_client is not None:
+            api_client.close()
         fake.close()
 
 

@@ -67,6 +67,7 @@ def test_demo_small_scenario_outcome_in_the_api(tmp_path: Path) -> None:
     reader.start()
     output: list[str] = []
     kubeconfig: str | None = None
+    api_client: client.ApiClient | None = None
     deadline = time.monotonic() + 240
     try:
         while kubeconfig is None and time.monotonic() < deadline:
@@ -134,6 +135,8 @@ def test_demo_small_scenario_outcome_in_the_api(tmp_path: Path) -> None:
             assert not core.read_namespaced_pod(f"urgent-{index}", "demo").spec.scheduling_gates
         assert (tmp_path / "out" / "packing.png").stat().st_size > 0
     finally:
+        if api_client is not None:
+            api_client.close()
         process.send_signal(signal.SIGINT)
         try:
             process.wait(timeout=30)

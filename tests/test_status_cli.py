@@ -26,10 +26,13 @@ GIB = 1024**3
 
 
 @pytest.fixture
-def cluster(
-    kube_configuration: client.Configuration,
-) -> Iterator[tuple[client.CoreV1Api, client.ResourceV1Api]]:
-    api_client = new_api_client(kube_configuration)
+def api_client(kube_configuration: client.Configuration) -> Iterator[client.ApiClient]:
+    with new_api_client(kube_configuration) as api_client:
+        yield api_client
+
+
+@pytest.fixture
+def cluster(api_client: client.ApiClient) -> Iterator[tuple[client.CoreV1Api, client.ResourceV1Api]]:
     core, resource = client.CoreV1Api(api_client), client.ResourceV1Api(api_client)
     core.create_namespace(
         cast(Any, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})

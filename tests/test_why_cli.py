@@ -22,8 +22,13 @@ NODE = "node-a"
 
 
 @pytest.fixture
-def core(kube_configuration: client.Configuration) -> Iterator[client.CoreV1Api]:
-    api_client = new_api_client(kube_configuration)
+def api_client(kube_configuration: client.Configuration) -> Iterator[client.ApiClient]:
+    with new_api_client(kube_configuration) as api_client:
+        yield api_client
+
+
+@pytest.fixture
+def core(api_client: client.ApiClient) -> Iterator[client.CoreV1Api]:
     core, resource = client.CoreV1Api(api_client), client.ResourceV1Api(api_client)
     core.create_namespace(cast(Any, {"metadata": {"name": NAMESPACE}}))
     for device_class in build_device_classes():
@@ -47,7 +52,6 @@ def core(kube_configuration: client.Configuration) -> Iterator[client.CoreV1Api]
     pod("over-memory", gpu_request(memory="100Gi"), gated=False)
     pod("three-gpus", {**gpu_request(), "exactly": {**gpu_request()["exactly"], "count": 3}}, gated=False)
     yield core
-    api_client.close()
 
 
 def _event(core: client.CoreV1Api, pod: str, message: str, uid: str | None = None) -> None:

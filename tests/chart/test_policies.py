@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -412,10 +412,11 @@ class _Recorder:
 
 
 @pytest.fixture
-def writer(monkeypatch: pytest.MonkeyPatch) -> tuple[ApiWriter, list[_Recorder]]:
+def writer(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[ApiWriter, list[_Recorder]]]:
     recorder = _Recorder()
     monkeypatch.setattr(writer_module, "JsonSender", lambda _api_client: recorder)
-    return ApiWriter(client.ApiClient(client.Configuration())), [recorder]
+    with client.ApiClient(client.Configuration()) as api_client:
+        yield ApiWriter(api_client), [recorder]
 
 
 def _the_write(recorders: list[_Recorder]) -> tuple[str, Obj]:

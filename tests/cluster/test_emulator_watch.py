@@ -154,16 +154,13 @@ def test_watch_timeout_seconds_ends_the_stream(resource: client.ResourceV1Api) -
 
 
 def test_stop_ends_open_watches_and_leaves_no_threads() -> None:
-    server = APIServer()
-    server.start()
-    api = client.ApiClient(server.configuration())
-    resource = client.ResourceV1Api(api)
-    consumer = _Consumer(resource.list_resource_slice, timeout_seconds=300)
-    wait_for(lambda: server.request_count("watch") == 1)
-    resource.list_resource_slice()  # leaves an idle keep-alive connection open too
-    server.stop()
-    assert consumer.join()
-    api.close()
+    with APIServer() as server, client.ApiClient(server.configuration()) as api:
+        resource = client.ResourceV1Api(api)
+        consumer = _Consumer(resource.list_resource_slice, timeout_seconds=300)
+        wait_for(lambda: server.request_count("watch") == 1)
+        resource.list_resource_slice()  # leaves an idle keep-alive connection open too
+        server.stop()  # what is tested (the stop on leaving the block finds nothing left to do)
+        assert consumer.join()
     leftovers = [thread.name for thread in threading.enumerate() if thread.name.startswith("apiserver")]
     assert leftovers == []
 

@@ -193,13 +193,10 @@ class Cluster:
 
 @pytest.fixture
 def cluster(api_server: APIServer, kubeconfig_file: Path) -> Iterator[Cluster]:
-    api_client = client.ApiClient(api_server.configuration())
-    c = Cluster(server=api_server, kubeconfig=kubeconfig_file, api_client=api_client)
-    c.add_classes()
-    try:
+    with client.ApiClient(api_server.configuration()) as api_client:
+        c = Cluster(server=api_server, kubeconfig=kubeconfig_file, api_client=api_client)
+        c.add_classes()
         yield c
-    finally:
-        api_client.close()
 
 
 @dataclass

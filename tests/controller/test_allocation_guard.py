@@ -304,9 +304,11 @@ def test_a_client_that_does_not_trust_the_certificate_gets_nothing(
     stranger = http.client.HTTPSConnection(
         "127.0.0.1", port, context=ssl.create_default_context(), timeout=10
     )
-    with pytest.raises(ssl.SSLError):
-        stranger.request("POST", GUARD_PATH, body=b"{}")
-    stranger.close()
+    try:
+        with pytest.raises(ssl.SSLError):
+            stranger.request("POST", GUARD_PATH, body=b"{}")
+    finally:
+        stranger.close()
     assert post(served, GUARD_PATH, json.dumps(review(a_claim("x"))).encode())[0] == 200  # still serving
 
 

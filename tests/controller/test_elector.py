@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -31,6 +32,12 @@ class FakeClock:
         return datetime(2026, 1, 1, tzinfo=UTC) + timedelta(seconds=self.seconds)
 
 
+@pytest.fixture
+def api_client(api_server: APIServer) -> Iterator[client.ApiClient]:
+    with client.ApiClient(api_server.configuration()) as api_client:
+        yield api_client
+
+
 def _elector(api_client: client.ApiClient, identity: str, clock: FakeClock) -> LeaderElector:
     return LeaderElector(
         api_client=api_client, name="lease", namespace="default", identity=identity,
@@ -38,8 +45,7 @@ def _elector(api_client: client.ApiClient, identity: str, clock: FakeClock) -> L
     )  # fmt: skip
 
 
-def test_one_leader_takeover_only_after_expiry_and_release(api_server: APIServer) -> None:
-    api_client = client.ApiClient(api_server.configuration())
+def test_one_leader_takeover_only_after_expiry_and_release(api_client: client.ApiClient) -> None:
     clock_a, clock_b = FakeClock(), FakeClock()
     a, b = _elector(api_client, "a", clock_a), _elector(api_client, "b", clock_b)
     assert a.step() is True  # creates the lease
@@ -64,11 +70,9 @@ def test_one_leader_takeover_only_after_expiry_and_release(api_server: APIServer
     b.leading.set()
     b.release()
     assert a.step() is True
-    api_client.close()
 
 
-def test_writer_behind_a_set_fence_sends_nothing(api_server: APIServer) -> None:
-    api_client = client.ApiClient(api_server.configuration())
+def test_writer_behind_a_set_fence_sends_nothing(api_server: APIServer, api_client: client.ApiClient) -> None:
     fence = threading.Event()
     writer = ApiWriter(api_client, fence=fence)
     claim = {
@@ -84,12 +88,14 @@ def test_writer_behind_a_set_fence_sends_nothing(api_server: APIServer) -> None:
     )
     fence.set()
     api_server.reset_counts()
-    with pytest.raises(HaltWrites):
-        writer.add_finalizer(stored)
-    with pytest.raises(HaltWrites):
-        writer.write_allocation(stored, {"devices": {"results": []}})
+    try:
+        with pytest.raises(HaltWrites):
+            writer.add_finalizer(stored)
+        with pytest.raises(HaltWrites):
+            writer.write_allocation(stored, {"devices": {"results": []}})
+    finally:
+        writer.close()
     assert api_server.request_count("update") == 0
-    api_client.close()
 
 
 def test_leader_stops_writing_at_its_renew_deadline_without_waiting_for_the_elector_round(
@@ -133,10 +139,9 @@ def test_lease_timings_that_allow_two_leaders_are_rejected(overrides: dict[str, 
         ControllerConfig(**overrides)  # type: ignore[arg-type]
 
 
-def test_an_unexpected_error_in_a_lease_round_does_not_end_the_elector(api_server: APIServer) -> None:
+def test_an_unexpected_error_in_a_lease_round_does_not_end_the_elector(api_client: client.ApiClient) -> None:
     """A bug in one round (not a FractionalError) is logged and the next round runs: a replica must
     never be left waiting forever for a leadership its elector thread stopped trying to get."""
-    api_client = client.ApiClient(api_server.configuration())
     elector = LeaderElector(
         api_client=api_client, name="lease", namespace="default", identity="a",
         lease_duration_seconds=15, renew_deadline_seconds=10, retry_period_seconds=0.01,
@@ -159,5 +164,4 @@ def test_an_unexpected_error_in_a_lease_round_does_not_end_the_elector(api_serve
     finally:
         stop.set()
         thread.join(5)
-        api_client.close()
     assert calls["n"] >= 2

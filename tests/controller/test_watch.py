@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -20,9 +21,13 @@ def _node(name: str) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}
 
 
-def test_watcher_keeps_running_after_a_handler_raises(api_server: APIServer) -> None:
-    api_client = client.ApiClient(api_server.configuration())
-    core = client.CoreV1Api(api_client)
+@pytest.fixture
+def core(api_server: APIServer) -> Iterator[client.CoreV1Api]:
+    with client.ApiClient(api_server.configuration()) as api_client:
+        yield client.CoreV1Api(api_client)
+
+
+def test_watcher_keeps_running_after_a_handler_raises(api_server: APIServer, core: client.CoreV1Api) -> None:
     core.create_node(_node("n1"))
     cache = ClusterCache(topology_label="topology.kubernetes.io/zone")
     seen: list[str] = []
@@ -53,7 +58,6 @@ def test_watcher_keeps_running_after_a_handler_raises(api_server: APIServer) -> 
         stop.set()
         watcher.interrupt()
         watcher.join(10)
-        api_client.close()
 
 
 def _claim(rv: str, *, uid: str = "u1", allocated: bool = False) -> dict[str, Any]:

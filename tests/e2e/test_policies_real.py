@@ -91,6 +91,10 @@ class Http:
             decoded = {"message": response.data.decode(errors="replace")}
         return Answer(int(response.status), decoded)
 
+    def close(self) -> None:
+        """Close the kept connections (at the fixture's teardown, not whenever GC runs)."""
+        self.pool.clear()
+
     def ok(self, method: str, path: str, body: Any = None, content_type: str = "application/json") -> Obj:
         answer = self(method, path, body, content_type)
         assert answer.status < 300, (method, path, answer)
@@ -202,9 +206,23 @@ def _kubeconfig_configuration() -> client.Configuration:
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
+    opened: list[Http] = []  # every client the setup makes: closed however it ends
+
+    def connect(configuration: client.Configuration, token: str | None = None) -> Http:
+        opened.append(Http(configuration, token))
+        return opened[-1]
+
+    try:
+        yield from _cluster(connect)
+    finally:
+        for http in opened:
+            http.close()
+
+
+def _cluster(connect: Callable[..., Http]) -> Iterator[Cluster]:
     try:
         configuration = _kubeconfig_configuration()
-        admin = Http(configuration)
+        admin = connect(configuration)
         ready = admin("GET", "/readyz")
     except Exception as error:  # no kubeconfig or nothing listening: no cluster here
         problem = f"no reachable kube-apiserver (KUBECONFIG): {error}"
@@ -236,17 +254,17 @@ def cluster() -> Iterator[Cluster]:
                 )
                 made.append(f"/api/v1/nodes/{node}")
         agent, controller = f"{RELEASE}-agent", f"{RELEASE}-controller"
-        agents: dict[str | None, Http] = {None: Http(configuration, _token(admin, agent, None))}
+        agents: dict[str | None, Http] = {None: connect(configuration, _token(admin, agent, None))}
         for node in NODES:  # a pod of the agent's service account on the node: its token names the node
             pod = admin.ok("POST", f"/api/v1/namespaces/{NAMESPACE}/pods", {
                 "apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"agent-{node}"},
                 "spec": {"serviceAccountName": agent, "nodeName": node, "automountServiceAccountToken": False,
                          "containers": [{"name": "agent", "image": "registry.k8s.io/pause:3.10"}]},
             })  # fmt: skip
-            agents[node] = Http(configuration, _token(admin, agent, pod))
+            agents[node] = connect(configuration, _token(admin, agent, pod))
         owner_body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "owner"}}
         owner = admin.ok("POST", f"/api/v1/namespaces/{WORKLOADS}/configmaps", owner_body)
-        found = Cluster(admin, agents, Http(configuration, _token(admin, controller, None)), owner)
+        found = Cluster(admin, agents, connect(configuration, _token(admin, controller, None)), owner)
         _wait_for_policies(found)
         yield found
     finally:

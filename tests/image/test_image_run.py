@@ -135,12 +135,11 @@ def api(work_dir: Path) -> Iterator[Api]:
         else:
             raise AssertionError(f"fractional apiserver exited with {process.wait()}")
         kubeconfig.chmod(0o644)
-        api_client = client.ApiClient(load_configuration(str(kubeconfig)))
-        api = Api(kubeconfig=kubeconfig, api_client=api_client)
-        for device_class in build_device_classes():
-            api.resource.create_device_class(device_class)
-        yield api
-        api_client.close()
+        with client.ApiClient(load_configuration(str(kubeconfig))) as api_client:
+            api = Api(kubeconfig=kubeconfig, api_client=api_client)
+            for device_class in build_device_classes():
+                api.resource.create_device_class(device_class)
+            yield api
     finally:
         process.terminate()
         process.communicate(timeout=30)  # also closes its stdout

@@ -139,7 +139,12 @@ class Claims:
     """Creates (allocated) ResourceClaims in the emulator through the real client."""
 
     def __init__(self, configuration: client.Configuration) -> None:
-        self.api = client.ResourceV1Api(client.ApiClient(configuration))
+        self.api_client = client.ApiClient(configuration)
+        self.api = client.ResourceV1Api(self.api_client)
+
+    def close(self) -> None:
+        """Close the client's connections (at the fixture's teardown, not whenever GC runs)."""
+        self.api_client.close()
 
     def create(
         self,
@@ -185,15 +190,19 @@ class Claims:
                     },
                 }
             }
-            body = client.ApiClient().sanitize_for_serialization(created)
+            body = self.api_client.sanitize_for_serialization(created)
             body["status"] = status
             self.api.replace_namespaced_resource_claim_status(name, NAMESPACE, body)
         return {"namespace": NAMESPACE, "name": name, "uid": created.metadata.uid}
 
 
 @pytest.fixture
-def claims(kube_configuration: client.Configuration) -> Claims:
-    return Claims(kube_configuration)
+def claims(kube_configuration: client.Configuration) -> Iterator[Claims]:
+    made = Claims(kube_configuration)
+    try:
+        yield made
+    finally:
+        made.close()
 
 
 def new_share_id() -> str:

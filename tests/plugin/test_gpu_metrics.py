@@ -91,12 +91,13 @@ def _select(samples: list[Sample], name: str, **labels: str) -> list[Sample]:
 
 
 def _reserve(configuration: client.Configuration, ref: dict[str, str], pod: str, pod_uid: str) -> None:
-    api = client.ResourceV1Api(client.ApiClient(configuration))
-    body: Any = client.ApiClient().sanitize_for_serialization(
-        api.read_namespaced_resource_claim(ref["name"], NAMESPACE)
-    )
-    body["status"]["reservedFor"] = [{"resource": "pods", "name": pod, "uid": pod_uid}]
-    api.replace_namespaced_resource_claim_status(ref["name"], NAMESPACE, body)
+    with client.ApiClient(configuration) as api_client:
+        api = client.ResourceV1Api(api_client)
+        body: Any = api_client.sanitize_for_serialization(
+            api.read_namespaced_resource_claim(ref["name"], NAMESPACE)
+        )
+        body["status"]["reservedFor"] = [{"resource": "pods", "name": pod, "uid": pod_uid}]
+        api.replace_namespaced_resource_claim_status(ref["name"], NAMESPACE, body)
 
 
 def _fake_proc(root: Path, pid: int, pod_uid: str, container_id: str) -> None:

@@ -11,7 +11,7 @@ import itertools
 import json
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
@@ -49,7 +49,13 @@ class RawClaims:
     def __init__(self, configuration: client.Configuration) -> None:
         self.host = configuration.host
         self.http = urllib3.PoolManager()
-        self.api = client.ResourceV1Api(client.ApiClient(configuration))
+        self.api_client = client.ApiClient(configuration)
+        self.api = client.ResourceV1Api(self.api_client)
+
+    def close(self) -> None:
+        """Close both clients' connections (at the fixture's teardown, not whenever GC runs)."""
+        self.http.clear()
+        self.api_client.close()
 
     def create(
         self,
@@ -71,7 +77,7 @@ class RawClaims:
             },
         }
         created = self.api.create_namespaced_resource_claim(NAMESPACE, body, _request_timeout=30)
-        raw = client.ApiClient().sanitize_for_serialization(created)
+        raw = self.api_client.sanitize_for_serialization(created)
         devices: dict[str, Any] = {"results": results}
         if parameters_json is not None:
             devices["config"] = [
@@ -96,8 +102,12 @@ class RawClaims:
 
 
 @pytest.fixture
-def raw_claims(kube_configuration: client.Configuration) -> RawClaims:
-    return RawClaims(kube_configuration)
+def raw_claims(kube_configuration: client.Configuration) -> Iterator[RawClaims]:
+    made = RawClaims(kube_configuration)
+    try:
+        yield made
+    finally:
+        made.close()
 
 
 @pytest.fixture(scope="module")
@@ -108,11 +118,13 @@ def deep_json_stored() -> bool:
 
     server = APIServer(host="127.0.0.1", port=0)
     server.start()
+    probe = RawClaims(server.configuration())
     try:
-        RawClaims(server.configuration()).create([result("gpu-0")], parameters_json=deep(3_000))
+        probe.create([result("gpu-0")], parameters_json=deep(3_000))
     except (AssertionError, urllib3.exceptions.HTTPError):
         return False
     finally:
+        probe.close()
         server.stop()
     return True
 

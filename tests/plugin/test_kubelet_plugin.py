@@ -255,9 +255,8 @@ def test_corrupt_checkpoint_is_survived(
 def test_stale_sockets_are_removed_at_start(start_agent: StartAgent, node_dirs: NodeDirs) -> None:
     node_dirs.plugin.mkdir(parents=True)
     for path in (node_dirs.registry / "fractional.dev-reg.sock", node_dirs.plugin / "dra.sock"):
-        stale = socket.socket(socket.AF_UNIX)
-        stale.bind(str(path))
-        stale.close()  # the file stays: what a killed agent leaves behind
+        with socket.socket(socket.AF_UNIX) as stale:
+            stale.bind(str(path))  # the file stays after the close: what a killed agent leaves behind
     start_agent()
     kubelet = KubeletSimulator(node_dirs.registry)
     try:
@@ -355,19 +354,19 @@ def test_refused_first_slice_publish_is_retried(
 
     api_server.inject_fault(verb="list", resource="resourceslices", status=403, times=1)
     agent = start_agent(publish_slices=True)
-    api = client.ResourceV1Api(client.ApiClient(kube_configuration))
+    with client.ApiClient(kube_configuration) as api_client:
+        api = client.ResourceV1Api(api_client)
 
-    def published() -> list[Any]:
-        response = api.list_resource_slice(field_selector="spec.nodeName=node-a", _preload_content=False)
-        items: list[Any] = json.loads(response.data)["items"]
-        return items
+        def published() -> list[Any]:
+            response = api.list_resource_slice(field_selector="spec.nodeName=node-a", _preload_content=False)
+            items: list[Any] = json.loads(response.data)["items"]
+            return items
 
-    def retried_and_published() -> bool:  # our own list waits until the agent has met the fault
-        return api_server.request_count(verb="list", resource="resourceslices") >= 2 and bool(published())
+        def retried_and_published() -> bool:  # our own list waits until the agent has met the fault
+            return api_server.request_count(verb="list", resource="resourceslices") >= 2 and bool(published())
 
-    assert wait_for(retried_and_published, timeout=20, what="the slices after a refused first publish")
-    assert agent.slices_published.wait(20), "readiness must follow the first publish that succeeds"
-    api.api_client.close()
+        assert wait_for(retried_and_published, timeout=20, what="the slices after a refused first publish")
+        assert agent.slices_published.wait(20), "readiness must follow the first publish that succeeds"
 
 
 class _SloppyDRA:

@@ -26,19 +26,20 @@ def test_a_claim_reserved_for_a_podgroup_is_prepared(
         ref = claims.create(
             "team-shared", [result("gpu-0", share_id=new_share_id(), memory="2Gi", compute="10")]
         )
-        api = client.ResourceV1Api(client.ApiClient(kube_configuration))
-        body: dict[str, Any] = api.api_client.sanitize_for_serialization(
-            api.read_namespaced_resource_claim("team-shared", NAMESPACE)
-        )
-        body["status"]["reservedFor"] = [
-            {
-                "apiGroup": "scheduling.k8s.io",
-                "resource": "podgroups",
-                "name": "team",
-                "uid": "0f6f0c2e-6c1a-4d1e-9a57-1c1d1f0e2a11",
-            }
-        ]
-        api.replace_namespaced_resource_claim_status("team-shared", NAMESPACE, body)
+        with client.ApiClient(kube_configuration) as api_client:
+            api = client.ResourceV1Api(api_client)
+            body: dict[str, Any] = api_client.sanitize_for_serialization(
+                api.read_namespaced_resource_claim("team-shared", NAMESPACE)
+            )
+            body["status"]["reservedFor"] = [
+                {
+                    "apiGroup": "scheduling.k8s.io",
+                    "resource": "podgroups",
+                    "name": "team",
+                    "uid": "0f6f0c2e-6c1a-4d1e-9a57-1c1d1f0e2a11",
+                }
+            ]
+            api.replace_namespaced_resource_claim_status("team-shared", NAMESPACE, body)
         answer = kubelet.prepare([ref])
         assert answer[ref["uid"]]["error"] == ""
         assert [d["device_name"] for d in answer[ref["uid"]]["devices"]] == ["gpu-0"]
