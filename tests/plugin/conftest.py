@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import tempfile
@@ -195,14 +196,19 @@ class Claims:
             self.api.replace_namespaced_resource_claim_status(name, NAMESPACE, body)
         return {"namespace": NAMESPACE, "name": name, "uid": created.metadata.uid}
 
+    def reserve(self, name: str, consumers: list[dict[str, str]]) -> None:
+        """Set the claim's ``status.reservedFor`` to ``consumers``, as kube-scheduler does at binding."""
+        body: Any = self.api_client.sanitize_for_serialization(
+            self.api.read_namespaced_resource_claim(name, NAMESPACE)
+        )
+        body["status"]["reservedFor"] = consumers
+        self.api.replace_namespaced_resource_claim_status(name, NAMESPACE, body)
+
 
 @pytest.fixture
 def claims(kube_configuration: client.Configuration) -> Iterator[Claims]:
-    made = Claims(kube_configuration)
-    try:
+    with contextlib.closing(Claims(kube_configuration)) as made:
         yield made
-    finally:
-        made.close()
 
 
 def new_share_id() -> str:

@@ -9,10 +9,8 @@ from __future__ import annotations
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
 
 from driver.cluster.kubelet import KubeletSimulator
@@ -90,16 +88,6 @@ def _select(samples: list[Sample], name: str, **labels: str) -> list[Sample]:
     return [s for s in samples if s[0] == name and all(s[1].get(k) == v for k, v in labels.items())]
 
 
-def _reserve(configuration: client.Configuration, ref: dict[str, str], pod: str, pod_uid: str) -> None:
-    with client.ApiClient(configuration) as api_client:
-        api = client.ResourceV1Api(api_client)
-        body: Any = api_client.sanitize_for_serialization(
-            api.read_namespaced_resource_claim(ref["name"], NAMESPACE)
-        )
-        body["status"]["reservedFor"] = [{"resource": "pods", "name": pod, "uid": pod_uid}]
-        api.replace_namespaced_resource_claim_status(ref["name"], NAMESPACE, body)
-
-
 def _fake_proc(root: Path, pid: int, pod_uid: str, container_id: str) -> None:
     directory = root / str(pid)
     directory.mkdir(parents=True)
@@ -120,7 +108,6 @@ def test_share_series_appear_on_prepare_map_processes_to_pods_and_vanish_on_unpr
     start_agent: Callable[..., NodeAgent],
     make_kubelet: Callable[..., KubeletSimulator],
     claims: Claims,
-    kube_configuration: client.Configuration,
     scrape: Callable[[], list[Sample]],
     tmp_path: Path,
 ) -> None:
@@ -130,7 +117,7 @@ def test_share_series_appear_on_prepare_map_processes_to_pods_and_vanish_on_unpr
     ref = claims.create(
         "metrics-share", [result("gpu-0", share_id=new_share_id(), memory="4Gi", compute="20")]
     )
-    _reserve(kube_configuration, ref, "infer-0", POD_UID)
+    claims.reserve(ref["name"], [{"resource": "pods", "name": "infer-0", "uid": POD_UID}])
     gpu = agent.inventory.gpu("gpu-0")
     assert gpu is not None
     before = scrape()
@@ -184,14 +171,13 @@ def test_dcgm_named_series_when_enabled(
     start_agent: Callable[..., NodeAgent],
     make_kubelet: Callable[..., KubeletSimulator],
     claims: Claims,
-    kube_configuration: client.Configuration,
     scrape: Callable[[], list[Sample]],
     tmp_path: Path,
 ) -> None:
     agent = start_agent(config={"dcgm_metrics": True, "proc_root": str(tmp_path)})
     kubelet = make_kubelet()
     ref = claims.create("dcgm-share", [result("gpu-1", share_id=new_share_id(), memory="2Gi")])
-    _reserve(kube_configuration, ref, "train-0", POD_UID)
+    claims.reserve(ref["name"], [{"resource": "pods", "name": "train-0", "uid": POD_UID}])
     assert kubelet.prepare([ref])[ref["uid"]]["error"] == ""
     gpu = agent.inventory.gpu("gpu-1")
     assert gpu is not None
@@ -236,13 +222,12 @@ def test_a_restarted_agent_names_the_pods_of_restored_shares(
     start_agent: Callable[..., NodeAgent],
     make_kubelet: Callable[..., KubeletSimulator],
     claims: Claims,
-    kube_configuration: client.Configuration,
     scrape: Callable[[], list[Sample]],
 ) -> None:
     first = start_agent()
     kubelet = make_kubelet()
     ref = claims.create("restored-share", [result("gpu-0", share_id=new_share_id(), memory="1Gi")])
-    _reserve(kube_configuration, ref, "survivor", POD_UID)
+    claims.reserve(ref["name"], [{"resource": "pods", "name": "survivor", "uid": POD_UID}])
     assert kubelet.prepare([ref])[ref["uid"]]["error"] == ""
     first.stop(grace=0)
     assert _select(scrape(), "fractional_share_memory_allocated_bytes", claim="restored-share") == []

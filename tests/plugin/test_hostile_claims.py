@@ -7,6 +7,7 @@ kubelet simulator over gRPC on a unix socket.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import logging
@@ -103,11 +104,8 @@ class RawClaims:
 
 @pytest.fixture
 def raw_claims(kube_configuration: client.Configuration) -> Iterator[RawClaims]:
-    made = RawClaims(kube_configuration)
-    try:
+    with contextlib.closing(RawClaims(kube_configuration)) as made:
         yield made
-    finally:
-        made.close()
 
 
 @pytest.fixture(scope="module")

@@ -4,20 +4,16 @@ pods) is prepared like any other (issue 13): the agent never requires a pod cons
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
-
-from kubernetes import client
 
 from driver.cluster.kubelet import KubeletSimulator
 from driver.plugin.agent import NodeAgent
-from tests.plugin.conftest import NAMESPACE, Claims, NodeDirs, new_share_id, result
+from tests.plugin.conftest import Claims, NodeDirs, new_share_id, result
 
 
 def test_a_claim_reserved_for_a_podgroup_is_prepared(
     start_agent: Callable[..., NodeAgent],
     node_dirs: NodeDirs,
     claims: Claims,
-    kube_configuration: client.Configuration,
 ) -> None:
     start_agent()
     kubelet = KubeletSimulator(node_dirs.registry, kubelet_version="1.35")
@@ -26,20 +22,17 @@ def test_a_claim_reserved_for_a_podgroup_is_prepared(
         ref = claims.create(
             "team-shared", [result("gpu-0", share_id=new_share_id(), memory="2Gi", compute="10")]
         )
-        with client.ApiClient(kube_configuration) as api_client:
-            api = client.ResourceV1Api(api_client)
-            body: dict[str, Any] = api_client.sanitize_for_serialization(
-                api.read_namespaced_resource_claim("team-shared", NAMESPACE)
-            )
-            body["status"]["reservedFor"] = [
+        claims.reserve(
+            "team-shared",
+            [
                 {
                     "apiGroup": "scheduling.k8s.io",
                     "resource": "podgroups",
                     "name": "team",
                     "uid": "0f6f0c2e-6c1a-4d1e-9a57-1c1d1f0e2a11",
                 }
-            ]
-            api.replace_namespaced_resource_claim_status("team-shared", NAMESPACE, body)
+            ],
+        )
         answer = kubelet.prepare([ref])
         assert answer[ref["uid"]]["error"] == ""
         assert [d["device_name"] for d in answer[ref["uid"]]["devices"]] == ["gpu-0"]
