@@ -26,7 +26,7 @@ if _version_not_supported:
 
 
 class DRAResourceHealthStub:
-    """DRAResourceHealth is implemented by DRA plugins to stream device health to the kubelet.
+    """Served by the node agent beside DRAPlugin; the kubelet is the client.
     """
 
     def __init__(self, channel):
@@ -43,12 +43,12 @@ class DRAResourceHealthStub:
 
 
 class DRAResourceHealthServicer:
-    """DRAResourceHealth is implemented by DRA plugins to stream device health to the kubelet.
+    """Served by the node agent beside DRAPlugin; the kubelet is the client.
     """
 
     def NodeWatchResources(self, request, context):
-        """NodeWatchResources streams the health of all devices of the driver on this node;
-        every message carries the complete list.
+        """The kubelet opens one stream; the agent sends the health of every device it publishes on the
+        node, the whole list in each message, whenever something changes.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -71,7 +71,7 @@ def add_DRAResourceHealthServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class DRAResourceHealth:
-    """DRAResourceHealth is implemented by DRA plugins to stream device health to the kubelet.
+    """Served by the node agent beside DRAPlugin; the kubelet is the client.
     """
 
     @staticmethod

@@ -26,7 +26,8 @@ if _version_not_supported:
 
 
 class DRAPluginStub:
-    """Missing associated documentation comment in .proto file."""
+    """Served by the node agent on its plugin socket; the kubelet is the client.
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -47,21 +48,18 @@ class DRAPluginStub:
 
 
 class DRAPluginServicer:
-    """Missing associated documentation comment in .proto file."""
+    """Served by the node agent on its plugin socket; the kubelet is the client.
+    """
 
     def NodePrepareResources(self, request, context):
-        """NodePrepareResources prepares several ResourceClaims
-        for use on the node. If an error is returned, the
-        response is ignored. Failures for individual claims
-        can be reported inside NodePrepareResourcesResponse.
+        """Called before a pod's containers start, for the claims of ours the pod uses.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def NodeUnprepareResources(self, request, context):
-        """NodeUnprepareResources is the opposite of NodePrepareResources.
-        The same error handling rules apply,
+        """Called once no pod on the node uses the claims any more.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -89,7 +87,8 @@ def add_DRAPluginServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class DRAPlugin:
-    """Missing associated documentation comment in .proto file."""
+    """Served by the node agent on its plugin socket; the kubelet is the client.
+    """
 
     @staticmethod
     def NodePrepareResources(request,

@@ -26,7 +26,7 @@ if _version_not_supported:
 
 
 class RegistrationStub:
-    """Registration is the service advertised by the plugins.
+    """Served on the socket the agent puts in the kubelet's plugin registry directory.
     """
 
     def __init__(self, channel):
@@ -48,17 +48,19 @@ class RegistrationStub:
 
 
 class RegistrationServicer:
-    """Registration is the service advertised by the plugins.
+    """Served on the socket the agent puts in the kubelet's plugin registry directory.
     """
 
     def GetInfo(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """The kubelet asks who the plugin is and which services it offers.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def NotifyRegistrationStatus(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """The kubelet says whether it accepted the plugin.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -85,7 +87,7 @@ def add_RegistrationServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class Registration:
-    """Registration is the service advertised by the plugins.
+    """Served on the socket the agent puts in the kubelet's plugin registry directory.
     """
 
     @staticmethod
