@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # The image `make image` builds (podman stores it as localhost/$(IMAGE)); the chart and kind use it.
 IMAGE ?= fractional-dra:dev
 
-.PHONY: demo test test-real lint actionlint bench proto image image-test cluster-up cluster-down e2e kind-up kind-e2e kind-down clean
+.PHONY: demo test test-real lint actionlint bench proto go-modules image image-test cluster-up cluster-down e2e kind-up kind-e2e kind-down clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -44,8 +44,17 @@ actionlint:
 bench: $(STAMP)
 	$(PY) bench/run_all.py
 
+# The kubelet's protos (proto/) and the Kubernetes API types the emulator decodes from protobuf
+# bodies (their definitions read from k8s.io/api and k8s.io/apimachinery in the Go module cache).
 proto: $(STAMP)
 	$(PY) hack/gen_proto.py
+	$(PY) hack/gen_k8s_proto.py
+
+# Other projects' files the tests read (Kubernetes' protos, Kueue's and cluster-autoscaler's CRDs),
+# fetched from their Go modules into ~/.cache/fractional-dra/go/mod (needs Go). make test fetches
+# them itself when Go is installed; without Go, the few tests that need them skip and say so.
+go-modules:
+	$(PYTHON) hack/gomodules.py
 
 # Hermetic: wheels downloaded on the host (wheelhouse/), then built with the network off; docker
 # when its daemon answers, else podman (hack/container-lib.sh).

@@ -12,18 +12,22 @@ from driver.cluster.apiserver.proto_gen import (
 )
 from driver.cluster.apiserver.protobuf import decode_protobuf
 from driver.cluster.apiserver.store import StatusError
+from tests.go_modules import skip_without_go_modules
 from tests.proto_stubs_support import REPO_ROOT, assert_stubs_current
 
 COMMITTED = REPO_ROOT / "driver" / "cluster" / "apiserver" / "proto_gen"
 
 
 def test_committed_stubs_match_a_fresh_generation(tmp_path: Path) -> None:
-    assert_stubs_current(
-        "gen_k8s_proto",
-        COMMITTED,
-        tmp_path,
-        hint="run hack/gen_k8s_proto.py and commit driver/cluster/apiserver/proto_gen",
-    )
+    """The definitions come from k8s.io/api and k8s.io/apimachinery in the Go module cache (fetched
+    with Go when missing): without them this one test skips, saying how to get them."""
+    with skip_without_go_modules():
+        assert_stubs_current(
+            "gen_k8s_proto",
+            COMMITTED,
+            tmp_path,
+            hint="run `make proto` and commit driver/cluster/apiserver/proto_gen",
+        )
 
 
 def _envelope(api_version: str, kind: str, raw: bytes) -> bytes:

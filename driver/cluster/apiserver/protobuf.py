@@ -5,7 +5,8 @@ evictions of ``drain``).
 
 The envelope is the magic ``k8s\\0`` followed by a ``runtime.Unknown`` whose ``typeMeta`` names
 the kind and whose ``raw`` holds the object, both decoded with the stubs generated from
-Kubernetes' own ``.proto`` files (``proto/k8s/``, ``hack/gen_k8s_proto.py``). The decoded
+Kubernetes' own ``.proto`` definitions (``hack/gen_k8s_proto.py``, which reads them from the
+published ``k8s.io/api`` and ``k8s.io/apimachinery`` modules). The decoded
 message becomes the object's JSON form, as the API machinery's converters write it: empty strings
 and zero times left out (Go writes every field in protobuf, ``omitempty`` drops them in JSON),
 inlined structs flattened, ``Time`` as RFC 3339 with ``Z``, ``Quantity`` and ``IntOrString`` as
