@@ -1,15 +1,16 @@
-"""Kueue's CRDs (tests/data/kueue, from kubernetes-sigs/kueue v0.19.2) for tests that play Kueue."""
+"""Kueue's CRDs, from its Go module at the version the local cluster builds, for tests that play
+Kueue (a test that needs them skips where the module cannot be had: ``tests/go_modules.py``)."""
 
 from __future__ import annotations
 
 import functools
-from pathlib import Path
 from typing import Any
 
 import yaml
 from kubernetes import client
 
-CRD_DIR = Path(__file__).parent / "data" / "kueue"
+from tests.go_modules import kueue_crd_path
+
 KUEUE_KINDS = ("admissionchecks", "clusterqueues", "localqueues", "resourceflavors", "workloads")
 GROUP, VERSION = "kueue.x-k8s.io", "v1beta2"
 
@@ -17,7 +18,7 @@ GROUP, VERSION = "kueue.x-k8s.io", "v1beta2"
 @functools.cache
 def kueue_crd(plural: str) -> dict[str, Any]:
     loaded: dict[str, Any] = yaml.load(
-        (CRD_DIR / f"kueue.x-k8s.io_{plural}.yaml").read_text(encoding="utf-8"), Loader=yaml.CSafeLoader
+        kueue_crd_path(plural).read_text(encoding="utf-8"), Loader=yaml.CSafeLoader
     )
     return loaded
 

@@ -29,6 +29,7 @@ from kubernetes import client, config
 
 from driver.cluster.apiserver import bodies
 from tests.differential.engine import http_sender
+from tests.go_modules import provisioning_request_crd_path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 STATE_DIR = Path(os.environ.get("FRACTIONAL_REAL_STATE_DIR", "/tmp/fractional-real-apiserver"))
@@ -42,8 +43,9 @@ STATE_DIR = Path(os.environ.get("FRACTIONAL_REAL_STATE_DIR", "/tmp/fractional-re
 CONTROL_PLANE_ARGS = {
     "kube-controller-manager": ["--node-monitor-grace-period=2h", "--node-startup-grace-period=2h"],
 }
-# Custom resources the controller uses that no component of the bare control plane serves.
-DEFINITIONS = (REPO_ROOT / "tests" / "data" / "autoscaler" / "provisioningrequests.yaml",)
+# Custom resources the controller uses that no component of the bare control plane serves, from
+# their published Go modules.
+DEFINITIONS = (provisioning_request_crd_path,)
 # Listed by the namespace that holds them, never deleted one by one.
 _SKIPPED_TYPES = {("", "namespaces"), ("", "componentstatuses"), ("", "bindings")}
 
@@ -168,7 +170,8 @@ class RealAPIServer:
         """The custom resources of components the bare control plane lacks but the controller uses
         (cluster-autoscaler's ProvisioningRequest, as the emulator serves it), served before the
         baseline is taken, so every reset keeps them."""
-        for path in DEFINITIONS:
+        for where in DEFINITIONS:
+            path = where()
             definition = yaml.safe_load(path.read_text(encoding="utf-8"))
             status, answer = self.call(
                 "POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", definition
