@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass
 
 from driver.errors import ConfigError
+from driver.gang_sources import parse_gang_sources
 
 __all__ = [
     "check_profile",
@@ -175,7 +176,7 @@ class ControllerConfig:
     hint_profiles: tuple[str, ...] = ()  # profile files/names for scale-up hints; empty = all shipped
     topology_label: str = "topology.kubernetes.io/zone"
     preemption: bool = True  # evict lower-priority pods for a gang that does not fit (issue 17)
-    gang_sources: str = "auto"  # comma list (gang_identity.parse_gang_sources); auto: upstream, ours, markers
+    gang_sources: str = "auto"  # comma list (driver.gang_sources); auto: upstream, ours, markers
     allow_claim_backend_override: bool = True  # false: a claim naming its own backend is not allocated
     # The allocation guard (driver/controller/guard): the webhook kube-apiserver calls before it stores
     # an allocation another allocator wrote. Port 0: off. It listens on metrics_host.
@@ -198,11 +199,7 @@ class ControllerConfig:
                 field="--allocation-guard-address (FRACTIONAL_ALLOCATION_GUARD_ADDRESS)",
                 problem="required with --allocation-guard-service (the pod IP the Service points at)",
             )
-        from driver.controller.model.gang_identity import (
-            parse_gang_sources,  # raises ConfigError naming the flag
-        )
-
-        parse_gang_sources(self.gang_sources)
+        parse_gang_sources(self.gang_sources)  # raises ConfigError naming the flag
         if self.leader_elect and not self.identity:
             raise ConfigError(
                 field="--identity (FRACTIONAL_IDENTITY)", problem="required with --leader-elect"

@@ -1,7 +1,9 @@
 """The package layering of ``driver/``, read from the source (function-level imports included).
 
 - No import cycles between modules, anywhere under ``driver/``.
-- The controller's subpackages import only the ones below them (``LAYERS``, lowest first); the
+- driver's parts (top-level modules and subpackages) import only the ones below them
+  (``DRIVER_LAYERS``), inside functions too;
+- the controller's subpackages import only the ones below them (``CONTROLLER_LAYERS``); the
   allocator imports nothing of the product but its errors, and no I/O library.
 - The product never imports the demo or the embedded cluster (``driver.cli`` alone starts them, from
   inside the ``demo`` and ``apiserver`` commands); the embedded cluster never imports the demo.
@@ -26,6 +28,34 @@ import driver
 PACKAGE = Path(driver.__file__).resolve().parent
 REPO_ROOT = PACKAGE.parent
 
+# driver's own parts (its top-level modules and subpackages), lowest first: each may import itself
+# and what is listed for it, at module level or inside a function alike. ``driver`` itself (the
+# package, which holds only the version) may be imported by any.
+DRIVER_LAYERS: dict[str, frozenset[str]] = {
+    "errors": frozenset(),
+    "jsondepth": frozenset(),
+    "probes": frozenset(),
+    "gpu_usage": frozenset(),
+    "gang_sources": frozenset({"errors"}),
+    "inventory": frozenset({"errors"}),
+    "config": frozenset({"errors", "gang_sources", "inventory"}),
+    "allocator": frozenset({"errors"}),
+    "kube": frozenset({"errors"}),
+    "slices": frozenset({"inventory"}),
+    "publisher": frozenset({"errors", "inventory", "kube", "slices"}),
+    "controller": frozenset(
+        {"allocator", "config", "errors", "gang_sources", "inventory", "jsondepth", "kube", "probes", "slices"}
+    ),
+    "plugin": frozenset({"config", "errors", "inventory", "jsondepth", "kube", "probes", "publisher", "slices"}),
+    "cluster": frozenset({"allocator", "errors", "jsondepth", "kube", "plugin"}),
+    "status": frozenset({"config", "controller", "gpu_usage", "kube"}),
+    "why": frozenset({"allocator", "config", "controller", "errors", "kube"}),
+    "demo": frozenset({"allocator", "cluster", "config", "errors", "gpu_usage", "kube", "slices"}),
+    "cli": frozenset(
+        {"cluster", "config", "controller", "demo", "errors", "inventory", "plugin", "slices", "status", "why"}
+    ),
+    "__main__": frozenset({"cli"}),
+}
 # driver.controller's parts, lowest first: each may import itself and what is listed for it.
 CONTROLLER_LAYERS: dict[str, frozenset[str]] = {
     "model": frozenset(),
@@ -150,6 +180,33 @@ def test_the_allocators_state_never_reaches_up_to_placement_or_batch() -> None:
     assert not graph["driver.allocator.state"] & {"driver.allocator.placement", "driver.allocator.batch"}
 
 
+def _part_of_driver(module: str) -> str | None:
+    parts = module.split(".")
+    if parts[0] != "driver" or len(parts) < 2:
+        return None  # not ours, or the driver package itself
+    return parts[1]
+
+
+def test_the_drivers_parts_import_only_the_parts_below_them() -> None:
+    """Function-level imports count: a bottom module (``driver.config``) reaching up into the
+    controller inside a function is as much a layering fault as one at the top of the file."""
+    parts = {p.stem if p.is_file() else p.name for p in PACKAGE.iterdir() if p.suffix == ".py" or p.is_dir()}
+    parts -= {"__init__", "__pycache__"}
+    assert parts == set(DRIVER_LAYERS), "a new part of driver needs its place in DRIVER_LAYERS"
+    modules = _modules()
+    wrong = []
+    for found in _all_imports():
+        target = _resolve(found.imported, modules) if found.imported.startswith("driver.") else None
+        source, part = _part_of_driver(found.importer), _part_of_driver(target or "")
+        if source is None or part is None or source == part:
+            continue
+        if part not in DRIVER_LAYERS[source]:
+            where = "at module level" if found.top_level else "inside a function"
+            wrong.append(f"{found.importer} imports {found.imported} {where} ({source} may import "
+                         f"{sorted(DRIVER_LAYERS[source])})")  # fmt: skip
+    assert not wrong, "\n".join(wrong)
+
+
 def test_the_controllers_parts_import_only_the_parts_below_them() -> None:
     controller = PACKAGE / "controller"
     parts = {p.stem if p.is_file() else p.name for p in controller.iterdir() if not p.name.startswith("__")}
@@ -165,9 +222,10 @@ def test_the_controllers_parts_import_only_the_parts_below_them() -> None:
     assert not wrong, "\n".join(wrong)
 
 
-def test_the_layer_table_itself_has_no_cycle() -> None:
-    order = list(CONTROLLER_LAYERS)
-    for part, allowed in CONTROLLER_LAYERS.items():
+@pytest.mark.parametrize("table", [DRIVER_LAYERS, CONTROLLER_LAYERS], ids=["driver", "controller"])
+def test_the_layer_table_itself_has_no_cycle(table: dict[str, frozenset[str]]) -> None:
+    order = list(table)
+    for part, allowed in table.items():
         assert all(order.index(lower) < order.index(part) for lower in allowed), part
 
 

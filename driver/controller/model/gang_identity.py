@@ -23,11 +23,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
 
 from driver.controller.model.objects import GANG_LABEL, GANG_SIZE_ANNOTATION, ClaimRef, GangKey
-from driver.errors import ConfigError
+from driver.gang_sources import (
+    ALL_SOURCES,
+    MARKER_SOURCES,
+    UPSTREAM_SOURCES,
+    GangSource,
+    parse_gang_sources,
+)
 
 __all__ = [
     "ALL_SOURCES",
@@ -70,29 +75,6 @@ Lookup = Callable[[str, str], "dict[str, Any] | None"]
 """``lookup(kind, "namespace/name")``: the cached object, or None."""
 
 
-class GangSource(StrEnum):
-    PODGROUP = "podgroup"  # (a)
-    WORKLOAD = "workload"  # (b)
-    FRACTIONAL = "fractional"  # (c)
-    COSCHEDULING = "coscheduling"  # (d)
-    KUEUE = "kueue"
-    LWS = "lws"
-    VOLCANO = "volcano"
-
-
-ALL_SOURCES = frozenset(GangSource)
-UPSTREAM_SOURCES = frozenset({GangSource.PODGROUP, GangSource.WORKLOAD})
-MARKER_SOURCES = frozenset({GangSource.COSCHEDULING, GangSource.KUEUE, GangSource.LWS, GangSource.VOLCANO})
-_ORDER = (
-    GangSource.PODGROUP,
-    GangSource.WORKLOAD,
-    GangSource.FRACTIONAL,
-    GangSource.COSCHEDULING,
-    GangSource.KUEUE,
-    GangSource.LWS,
-    GangSource.VOLCANO,
-)
-_ALIASES = {"upstream": UPSTREAM_SOURCES, "markers": MARKER_SOURCES, "all": ALL_SOURCES}
 # The API group whose presence turns a marker source on by default.
 MARKER_GROUPS = {
     GangSource.COSCHEDULING: "scheduling.x-k8s.io",
@@ -100,28 +82,6 @@ MARKER_GROUPS = {
     GangSource.LWS: "leaderworkerset.x-k8s.io",
     GangSource.VOLCANO: "scheduling.volcano.sh",
 }
-
-
-def parse_gang_sources(text: str) -> frozenset[GangSource] | None:
-    """``--gang-sources``: a comma list of sources and aliases (upstream, markers, all); ``auto`` or
-    empty: None, the default chosen from what the cluster serves (``default_sources``)."""
-    words = [w.strip().lower() for w in text.split(",") if w.strip()]
-    if not words or words == ["auto"]:
-        return None
-    chosen: set[GangSource] = set()
-    for word in words:
-        if word in _ALIASES:
-            chosen |= _ALIASES[word]
-            continue
-        try:
-            chosen.add(GangSource(word))
-        except ValueError:
-            names = ", ".join([*(s.value for s in _ORDER), *_ALIASES, "auto"])
-            raise ConfigError(
-                field="--gang-sources (FRACTIONAL_GANG_SOURCES)",
-                problem=f"unknown source {word!r}; expected one of {names}",
-            ) from None
-    return frozenset(chosen)
 
 
 def default_sources(served_groups: Iterable[str]) -> frozenset[GangSource]:
@@ -157,7 +117,7 @@ def identify(pod: dict[str, Any], sources: frozenset[GangSource] = ALL_SOURCES) 
     """The pod's gang, first match wins among ``sources``; a gang of one when none matches."""
     namespace, name, labels, annotations = _meta(pod)
     spec = pod.get("spec") or {}
-    for source in _ORDER:
+    for source in GangSource:  # in the order a pod is matched, first match wins
         if source not in sources:
             continue
         if source is GangSource.PODGROUP:
