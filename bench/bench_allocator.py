@@ -12,7 +12,7 @@ Workloads (all published here, seeded):
   in two shapes: "fit" (demand about 70 % of memory: fewer GPUs touched is better) and "overflow"
   (demand about 130 %: more memory placed is better), over seeds 1..SEEDS; plus the 500-node fill, compared
   against a volume bound.
-- shares by family (issue 15), in steps of 5 GiB / 5 %: memory-bound (5-40 GiB, 0-10 %),
+- shares by family, in steps of 5 GiB / 5 %: memory-bound (5-40 GiB, 0-10 %),
   compute-bound (5-40 GiB, 5-50 %), mixed (half 20-40 GiB / 0-10 %, half 5-15 GiB / 20-50 %); traces
   of 70. Online, one share at a time, first-fit against best-fit: requests placed on one node of
   8 x 80 GiB before the first refusal, and GPUs touched placing all 70 on 9 nodes; summed over seeds
@@ -21,7 +21,7 @@ Workloads (all published here, seeded):
 - bursts: each family's trace of 70 decided together with allocate_many (best-fit) on 9 nodes: GPUs
   used against the MILP optimum and against one by one in arrival order, seeds 1..3.
 - gangs: infeasible gangs on the filled clusters; time from allocate() to None.
-- burst packing on held-out traces (issue 26): bench/packing_traces.py's families, written apart to
+- burst packing on held-out traces: bench/packing_traces.py's families, written apart to
   bench/results/allocator_packing.json (``--packing-only`` runs just that section).
 """
 
@@ -463,7 +463,7 @@ class Optimum:
 def family_trace(family: str, seed: int, length: int = TRACE_LENGTH) -> list[tuple[int, int]]:
     """(memory GiB, compute %) shares in steps of 5, as people ask for them.
 
-    memory-bound: 5-40 GiB, 0-10 %; compute-bound (issue 15): 5-40 GiB, 5-50 %; mixed: half
+    memory-bound: 5-40 GiB, 0-10 %; compute-bound: 5-40 GiB, 5-50 %; mixed: half
     memory-heavy (20-40 GiB, 0-10 %), half compute-heavy (5-15 GiB, 20-50 %).
     """
     rng = random.Random(f"{family}-{seed}")
@@ -639,7 +639,7 @@ GPUS_MEASURE = "GPUs used to place all requests, lower better"
 
 
 def against_optimum(seeds: int, optima: dict[tuple[str, int], Optimum]) -> list[dict[str, Any]]:
-    """Issue 15's table: the compute-bound traces online, first-fit and best-fit, against the MILP
+    """The compute-bound traces online, first-fit and best-fit, against the MILP
     optimum (seeds 1..seeds, summed). ``optima`` caches the fewest-GPUs answers for ``bursts``."""
     family = "compute-bound"
     sums: dict[str, dict[str, int]] = {"prefix": {}, "gpus": {}}
@@ -703,7 +703,7 @@ def bursts(seeds: int, optima: dict[tuple[str, int], Optimum]) -> list[dict[str,
     return rows
 
 
-# ---------------------------------------------------------------- burst packing on held-out traces (issue 26)
+# ---------------------------------------------------------------- burst packing on held-out traces
 
 PACKING_MILP_SECONDS = 10.0  # per trace the planner left above the volume bound
 
@@ -766,7 +766,7 @@ def packed_trace(items: list[tuple[int, int]], milp_seconds: float) -> PackedTra
 
 
 def packing_families(milp_seconds: float, per_split: int | None = None) -> list[dict[str, Any]]:
-    """Issue 26: per family of bench/packing_traces.py, on the tuning seeds and on the held-out ones
+    """Per family of bench/packing_traces.py, on the tuning seeds and on the held-out ones
     (reported), the burst path against the lower bound, and online first-fit against best-fit."""
     burst_rows: list[dict[str, Any]] = []
     online_rows: list[dict[str, Any]] = []
@@ -847,7 +847,7 @@ def online_wide(per_family: int | None = None) -> list[dict[str, Any]]:
     return [_online_row(f"online packing, {family}, {label}", rows) for family, rows in per.items()]
 
 
-PACKING_NOTES = f"""Issue 26: does the burst path (allocate_many, best-fit) pack traces nobody tuned it on?
+PACKING_NOTES = f"""Does the burst path (allocate_many, best-fit) pack traces nobody tuned it on?
 
 Traces from bench/packing_traces.py (six families of single shares, 30 to 100 per trace, on 13 nodes x 8
 GPUs of 80 GiB / 100 % compute; see that module). Every weight, order and step budget was chosen on
@@ -922,7 +922,7 @@ def main() -> None:
     parser.add_argument("--family-seeds", type=int, default=100)
     parser.add_argument(
         "--packing-only", action="store_true",
-        help="run only issue 26's burst packing section (writes bench/results/allocator_packing.json)",
+        help="run only the held-out burst packing section (writes bench/results/allocator_packing.json)",
     )  # fmt: skip
     args = parser.parse_args()
     packing_rows = packing_families(
@@ -930,7 +930,7 @@ def main() -> None:
     )
     packing_rows.extend(online_wide(20 if args.quick else None))
     write_result(
-        "allocator_packing", packing_rows, title="Allocator: burst packing on held-out traces (issue 26)",
+        "allocator_packing", packing_rows, title="Allocator: burst packing on held-out traces",
         notes=PACKING_NOTES,
     )  # fmt: skip
     print_rows(packing_rows)

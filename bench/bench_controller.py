@@ -1,5 +1,5 @@
 """Allocation controller throughput and latency through the API emulator, with and without an
-etcd-like write delay (issue 15), against the old sequential write path, all in one run.
+etcd-like write delay, against the old sequential write path, all in one run.
 
 Setup (per run): the emulator in its own process (``fractional apiserver --write-delay-ms N``),
 100 fake 8-GPU nodes (``h100-8x``: Node + ResourceSlices), the two DeviceClasses, then N gated
@@ -285,12 +285,12 @@ def main() -> None:
         notes="Emulator in a separate process (`fractional apiserver --write-delay-ms N`: the delay is added "
         "to every write, as etcd would); controller in-process (5 watchers, 1 decider). `sequential`: the "
         "decider makes each gang's 3 writes itself (finalizer, status.allocation, gate), one key at a time, "
-        "as before issue 15. `pipelined`: the decider assumes its allocations and decides bursts together "
-        "(allocate_many), a pool of writer threads writes each gang in order. Latency = controller first "
-        "saw the gated pod -> gate removed; in the backlog it includes queueing behind the other pods. "
-        "Each backlog runs `runs` times on a fresh emulator; the row is the run with the median rate, and "
-        "rate_range gives the slowest and fastest. rate_vs_sequential and rate_vs_no_delay compare these "
-        "medians, measured in this same run.",
+        "as before the pipelined write path. `pipelined`: the decider assumes its allocations and decides "
+        "bursts together (allocate_many), a pool of writer threads writes each gang in order. Latency = "
+        "controller first saw the gated pod -> gate removed; in the backlog it includes queueing behind "
+        "the other pods. Each backlog runs `runs` times on a fresh emulator; the row is the run with the "
+        "median rate, and rate_range gives the slowest and fastest. rate_vs_sequential and "
+        "rate_vs_no_delay compare these medians, measured in this same run.",
     )  # fmt: skip
     print(f"\nwritten {path}")
 

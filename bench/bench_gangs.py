@@ -1,4 +1,4 @@
-"""Gangs (issue 13): time to place a 64-pod gang on 100 nodes x 8 GPUs, and to reject one that
+"""Gangs: time to place a 64-pod gang on 100 nodes x 8 GPUs, and to reject one that
 cannot fit.
 
 Setup: 100 ``h100-8x`` nodes (the shipped profile: 8 H100s, NVLink, NICs) in the controller's

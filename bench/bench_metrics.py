@@ -13,7 +13,7 @@ over the agent's unix socket; then:
   over all scrapes), which a loaded machine disturbs less than the wall time;
 - ``agent RSS, 64 shares``: the child's ``VmRSS`` after the scrapes and its peak (``VmHWM``).
 
-Targets (issue 16): one scrape < 50 ms, RSS < 80 MiB with 64 shares.
+Targets: one scrape < 50 ms, RSS < 80 MiB with 64 shares.
 
 Usage: .venv/bin/python bench/bench_metrics.py [--scrapes N]
 """
@@ -259,7 +259,7 @@ def main() -> int:
         rows,
         title="Node agent metrics: one scrape and RSS with 64 shares",
         notes="64 shares of 8 GPUs (h100-8x), one GPU process per share mapped through a fake /proc; "
-        "the default configuration, then with --dcgm-metrics. Targets (issue 16): scrape < 50 ms, "
+        "the default configuration, then with --dcgm-metrics. Targets: scrape < 50 ms, "
         "RSS < 80 MiB.",
     )
     return 0

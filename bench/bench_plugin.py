@@ -8,14 +8,14 @@ Rows:
 - ``prepare 64 concurrent (...)``: 64 RPCs of one claim each at once; per-RPC latency, and the
   wall time of a whole round.
 - ``prepare 500 claims in one RPC (gRPC + API GET)``: one NodePrepareResources naming 500 claims
-  (shares of the node's 8 GPUs), every claim read from the embedded API (issue 11: was 8.6 s,
+  (shares of the node's 8 GPUs), every claim read from the embedded API (formerly 8.6 s,
   target < 2 s); the whole call's wall time, then one unprepare of all 500.
 - ``agent start-up``: ``python -m driver plugin`` as a subprocess, from spawn to a registration
   socket that answered the simulated kubelet (GetInfo + NotifyRegistrationStatus); its peak RSS
   (``VmHWM`` of the agent process once it is registered and has published its slices).
 
 Files as in production: the plugin dir on disk (``/tmp``), the CDI root on tmpfs (``/dev/shm``,
-like ``/var/run/cdi``) when it exists. Targets (issue 3): p99 < 10 ms for one claim without the
+like ``/var/run/cdi``) when it exists. Targets: p99 < 10 ms for one claim without the
 API round trip, start-up < 1.5 s, RSS < 80 MiB.
 
 Usage: .venv/bin/python bench/bench_plugin.py [--cycles N] [--rounds N] [--starts N] [--batch-rounds N]
@@ -58,7 +58,7 @@ NAMESPACE = "default"
 TARGET_P99_MS = 10.0
 TARGET_STARTUP_S = 1.5
 TARGET_RSS_MIB = 80.0
-TARGET_BATCH_MS = 2000.0  # issue 11: 500 claims in one NodePrepareResources
+TARGET_BATCH_MS = 2000.0  # 500 claims in one NodePrepareResources
 BATCH_CLAIMS = 500
 
 
@@ -87,7 +87,7 @@ def _create_claim(api: Any, name: str, device: str) -> dict[str, str]:
                         "shareID": str(uuid.uuid4()),
                         # 500 claims over 8 GPUs: 63 on one at most, 63 GiB of its 79 and no
                         # guaranteed compute, within what the agent lets a device hold (it refuses
-                        # a share past a device's capacity at prepare since issue 27).
+                        # a share past a device's capacity at prepare).
                         "consumedCapacity": {"memory": "1Gi", "compute": "0"},
                     }
                 ]

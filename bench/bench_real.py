@@ -1,4 +1,4 @@
-"""Our controller against kube-scheduler itself, on real components (issue 26, part 1).
+"""Our controller against kube-scheduler itself, on real components.
 
 Setup (once): etcd, kube-apiserver, kube-controller-manager and kube-scheduler of the local cluster's
 harness (``hack/localcluster``, release ``K8S_VERSION``, default 1.37.2), no kubelet. ``--nodes``

@@ -1,4 +1,4 @@
-"""Seeded share traces for packing quality (issue 26): six families, a tuning split and a held-out split.
+"""Seeded share traces for packing quality: six families, a tuning split and a held-out split.
 
 A trace is a list of (memory GiB, compute %) shares for GPUs of 80 GiB / 100 %. Every weight, order and
 budget of the burst planner (driver/allocator/batch.py) and of online best-fit was chosen looking only at
@@ -7,8 +7,8 @@ was tuned on. Traces hold up to 100 shares and need up to about 100 GPUs (``CLUS
 
 Families (sizes drawn independently per share):
 - memory-bound: 5-40 GiB, 0-10 % (memory sets the lower bound).
-- compute-bound: 5-30 GiB, 10-60 % (compute sets the lower bound; the issue's "compute-heavy" kind).
-- balanced: 5-40 GiB, 5-50 % (issue 15's family: both dimensions about as tight).
+- compute-bound: 5-30 GiB, 10-60 % (compute sets the lower bound; "compute-heavy" shares).
+- balanced: 5-40 GiB, 5-50 % (bench_allocator.py's compute-bound family: both dimensions about as tight).
 - mixed: half memory-heavy (20-40 GiB, 0-10 %), half compute-heavy (5-15 GiB, 20-50 %).
 - tiny: 1-8 GiB, 1-10 % in steps of 1 (many small shares, a handful of GPUs).
 - near-whole: two thirds 45-75 GiB / 10-60 %, one third 5-20 GiB / 0-20 % (pairs rarely fit).
@@ -23,9 +23,9 @@ on its last close, to the bound; bisecting each of the 33 for the budget that re
 205k to 2.0M fit tests (median 342k), and 3 not within 3M (their optimum may be above the bound). 400,000
 takes 19 of the 33 to the bound, 1,000,000 would take 25; a fit test costs about 0.21 us here, so a burst
 that spends the whole budget takes about 85 ms at 400,000 and 210 ms at 1,000,000. Chosen: 400,000,
-within the issue's "tens of milliseconds". Not blind: seed 1029 was among the first budgets measured (it
-needs about 280k); the figures above that decided are the tuning traces' alone, and no other held-out
-trace was run with a larger budget before the bench.
+within the target of "tens of milliseconds" per burst. Not blind: seed 1029 was among the first budgets
+measured (it needs about 280k); the figures above that decided are the tuning traces' alone, and no
+other held-out trace was run with a larger budget before the bench.
 
 Online best-fit (one share at a time: driver/allocator/capacity.py ``room_score``). Criterion, on the
 tuning seeds only: best-fit at least first-fit on every family, both measures of bench_allocator.py
@@ -59,12 +59,12 @@ sample to trace sample, so those two are close to a coin toss on new traces for 
 lower-variance checks built from the same tuning traces (each rotated to start at every 5th share: GPUs;
 every 10th, on nodes of 4, 8 and 12 GPUs: prefix) the chosen rule beats first-fit on every family (GPUs
 -40 -85 -76 -9 -24, prefix +108 +112 +70 +60 +33) and the rule before on balanced and mixed (-29 and -2,
-+24 and +44). Elsewhere in bench_allocator.py (not looked at to choose): issue 15's three compute-bound
-traces against the optimum take 66 GPUs online against first-fit's 65 (the rule before: 65); issue 15's
++24 and +44). Elsewhere in bench_allocator.py (not looked at to choose): its three compute-bound
+traces against the optimum take 66 GPUs online against first-fit's 65 (the rule before: 65); its share
 families over seeds 1..100 are as before but compute-bound, 2216 GPUs (before: 2221; first-fit 2226) and
 a prefix of 2433 (before: 2434; first-fit 2426); the churn row keeps 33.7 whole GPUs free (before: 32.7).
 
-How much 60 traces can say (issue 26, after the held-out balanced prefix came out 1479 against
+How much 60 traces can say (looked at after the held-out balanced prefix came out 1479 against
 first-fit's 1480): on 2,940 more tuning traces per family (seeds 1..1000 and 1061..3000, run with a
 quick model of this allocator's two orders that gives exactly its sums on the tuning and held-out seeds),
 the chosen rule is ahead of first-fit per 60 traces by 2.6/4.2 GPUs/prefix on memory-bound, 5.4/6.2 on

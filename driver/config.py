@@ -175,7 +175,7 @@ class ControllerConfig:
     kueue_admission_check: bool = False  # serve the Kueue AdmissionCheck fractional.dev/placement
     hint_profiles: tuple[str, ...] = ()  # profile files/names for scale-up hints; empty = all shipped
     topology_label: str = "topology.kubernetes.io/zone"
-    preemption: bool = True  # evict lower-priority pods for a gang that does not fit (issue 17)
+    preemption: bool = True  # evict lower-priority pods for a gang that does not fit
     gang_sources: str = "auto"  # comma list (driver.gang_sources); auto: upstream, ours, markers
     allow_claim_backend_override: bool = True  # false: a claim naming its own backend is not allocated
     # The allocation guard (driver/controller/guard): the webhook kube-apiserver calls before it stores
@@ -235,7 +235,7 @@ class PlanConfig:
     claims: str
     policy: str = "best-fit"
     output: str = "table"
-    kueue: bool = False  # also print what Kueue charges per claim and what a node counts (issue 14)
+    kueue: bool = False  # also print what Kueue charges per claim and what a node counts
 
     def __post_init__(self) -> None:
         _check_choice("--policy", self.policy, POLICIES)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""One prepared check for a machine with a real NVIDIA GPU (issue 6); nothing here runs in CI.
+"""One prepared check for a machine with a real NVIDIA GPU; nothing here runs in CI.
 
     python3 hack/gpu_check.py [--gpu gpu-0] [--memory-limit-mib 1024] [--site DIR]
 

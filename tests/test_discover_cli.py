@@ -97,7 +97,7 @@ def test_profile_file_path_and_a_bad_profile(tmp_path: Path, capsys: pytest.Capt
 
 
 def test_unknown_profile_name(capsys: pytest.CaptureFixture[str]) -> None:
-    # A configuration error, exit 2, like every other bad flag (it was 1: issue 28)
+    # A configuration error, exit 2, like every other bad flag (it used to be 1)
     assert main(["discover", "--profile", "b200-8x"]) == 2
     assert "h100-8x" in capsys.readouterr().err
 

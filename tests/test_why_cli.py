@@ -1,4 +1,4 @@
-"""`fractional why` (issue 28 #3): Events matched on their object, not on a name inside a string; a
+"""`fractional why`: Events matched on their object, not on a name inside a string; a
 request no GPU can ever hold is called impossible, with the dimension and the largest capacity."""
 
 from __future__ import annotations

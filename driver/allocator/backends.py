@@ -1,4 +1,4 @@
-"""Sharing backends in placement (issue 27 #5): which backend each share runs under, and which shares
+"""Sharing backends in placement: which backend each share runs under, and which shares
 may live on one GPU. Pure.
 
 The node agent enforces a share with a sharing backend: the node's ``--sharing`` unless an opaque

@@ -17,7 +17,7 @@ best-fit also by the sum of its dimensions and by each dimension alone; last, th
 order, so a batch never places fewer groups than deciding them one by one would. Vector bin packing
 has no single best order; a handful of passes is cheap next to what a badly packed GPU costs.
 
-Issue 26: with best-fit, a burst made only of single shares (one claim, one request of one device
+With best-fit, a burst made only of single shares (one claim, one request of one device
 with capacities: a Deployment scaling up, many pods at once) is first planned as vector bin packing
 (``_Packer``): best-fit constructions in the same orders, then a search that closes opened devices
 one at a time, bounded by ``PLAN_STEPS`` fit tests (not by the clock: the same burst gets the same

@@ -129,10 +129,11 @@ def compute_consumption(
     return {name: value for name, value, _ in base}
 
 
-# How much each capacity weighs in ``room_score`` (others: 1). Compute counts double: chosen in issue 15
-# for the rule before (the room left after the share), over bench/bench_allocator.py's memory-bound,
-# compute-bound and mixed families; with issue 26's rule it is again the weight that meets the criterion
-# on bench/packing_traces.py's tuning traces (equal weights: balanced prefix -1, mixed GPUs +1).
+# How much each capacity weighs in ``room_score`` (others: 1). Compute counts double: chosen for the
+# rule before (the room left after the share), over bench/bench_allocator.py's memory-bound,
+# compute-bound and mixed families; with the current rule (fullest first, below) it is again the weight
+# that meets the criterion on bench/packing_traces.py's tuning traces (equal weights: balanced prefix
+# -1, mixed GPUs +1).
 CAPACITY_WEIGHTS: Mapping[str, float] = {"compute": 2.0}
 
 # The power of each capacity's fraction used in ``room_score``: the weighted L4 norm of the load.
@@ -152,7 +153,7 @@ def room_score(
     ``CAPACITY_WEIGHTS``, 1 less the fourth power of the fraction ``committed`` and ``extra`` (what
     this pass already placed there) use. 0 is full in every capacity; best-fit prefers the smallest.
 
-    The rule (issue 26): a share goes to the fullest device in use that can take it, fullness being
+    The rule: a share goes to the fullest device in use that can take it, fullness being
     the weighted L4 norm of the device's load. Devices are ranked by their load alone, not by what the
     share would leave: that is first-fit with the devices in use ordered fullest first instead of
     oldest first (in one dimension, exactly best-fit). Ranked by the room left *after* the share

@@ -7,7 +7,7 @@ slots in order; within a request candidates continue after the previous pick (co
 the same device twice); ``firstAvailable`` alternatives in order with the rest of the search under
 each; the 32-result limit moves on to the next alternative; per-candidate checks in upstream order
 (in use, selectors, capacity, counters, taints, constraints) with everything undone on backtrack
-(counters included, as fixed by PR #140431).
+(counters included, as fixed by kubernetes PR #140431).
 
 ``best_fit=True`` changes only the *order* in which valid candidates are tried (packing first: shared
 devices in use, then the fullest by every capacity, normalised (``room_score``: the load before the
@@ -89,7 +89,7 @@ class _MatchState:
     """matchAttribute with list-type attributes (DRAListTypeAttributes): the values of every device so
     far must have a common element. A scalar is a set of one, so for scalars this is equality; an
     empty list or an unknown type never matches. The running intersection is a stack, so a backtrack
-    restores it exactly (upstream keeps one set and narrows it for good: PR #140326)."""
+    restores it exactly (upstream keeps one set and narrows it for good: kubernetes PR #140326)."""
 
     __slots__ = ("constraint", "stack")
 

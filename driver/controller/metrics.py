@@ -113,7 +113,7 @@ class ControllerMetrics:
         )
         self.preemption_victims = Counter(
             "fractional_controller_preemption_victims",
-            "Lower-priority pods evicted to make room for a gang (issue 17).",
+            "Lower-priority pods evicted to make room for a gang.",
             registry=r,
         )
         self.leader = Gauge("fractional_controller_leader", "1 while this replica leads.", registry=r)

@@ -1,4 +1,4 @@
-"""The demo's priority-preemption scene (issue 17): low-priority research shares fill the GPUs of
+"""The demo's priority-preemption scene: low-priority research shares fill the GPUs of
 the quietest node, then a high-priority training gang pinned to that node arrives; the controller
 evicts the cheapest victims and places the gang. Prints who was preempted, why, and where the
 gang landed (read back from the API: the Events and the claims' allocations)."""

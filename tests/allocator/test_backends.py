@@ -1,4 +1,4 @@
-"""Sharing backends in placement (issue 27 #5a): the allocator never mixes shares whose backends
+"""Sharing backends in placement: the allocator never mixes shares whose backends
 cannot live on one GPU, never places a backend on a node that cannot run it, and counts the
 backends of allocations it did not make (kube-scheduler's) from their ``devices.config``."""
 

@@ -81,7 +81,7 @@ def test_the_fullest_device_takes_the_share_not_the_one_it_would_leave_tightest(
     leave a with 30 GiB / 35 % and b with 0 GiB / 90 %: scored by the room left after it (square roots,
     compute double: 1.80 against 1.90) it went to a. Ranked by the load before it, b is the fuller
     (L4, compute double: 0.32 against 0.28), so it goes to b, and a keeps room for a 45 GiB / 35 %
-    share that would otherwise fit nowhere (issue 26: the rule that packs at least as well as
+    share that would otherwise fit nowhere (the rule that packs at least as well as
     first-fit on every family of bench/packing_traces.py's tuning traces)."""
     state, node = _two_gpus(cluster_mode, (30, 60), (60, 5))
     _place_then(state, node, cluster_mode, share("first", 20, 5), share("second", 45, 35))

@@ -1,4 +1,4 @@
-"""Burst packing quality (issue 26): allocate_many with best-fit reaches the fewest GPUs on traces
+"""Burst packing quality: allocate_many with best-fit reaches the fewest GPUs on traces
 nobody tuned it on, respects every rule while doing so, and answers the same for the same input.
 
 Traces here are drawn from seeds of their own (not the bench's tuning or held-out seeds), and checked
@@ -42,7 +42,7 @@ def _volume_bound(shares: list[tuple[int, int]]) -> int:
 
 def _trace(family: str, seed: int) -> list[tuple[int, int]]:
     rng = random.Random(f"test-burst-{family}-{seed}")
-    if family == "compute-heavy":  # compute sets the bound (the issue's kind of trace)
+    if family == "compute-heavy":  # compute sets the bound
         return [(5 * rng.randint(1, 6), 5 * rng.randint(2, 12)) for _ in range(rng.randint(60, 100))]
     if family == "balanced":  # both capacities about as tight
         return [(5 * rng.randint(1, 8), 5 * rng.randint(1, 10)) for _ in range(rng.randint(60, 100))]

@@ -1,4 +1,4 @@
-"""Online best-fit packs at least as well as first-fit (issue 26): each share placed alone, in order.
+"""Online best-fit packs at least as well as first-fit: each share placed alone, in order.
 
 The traces are bench/packing_traces.py's, on its tuning seeds (what the rule was chosen on), and the two
 measures are bench/bench_allocator.py's: GPUs used placing a whole trace on 13 nodes x 8 GPUs (lower is

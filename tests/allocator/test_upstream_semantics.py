@@ -65,7 +65,7 @@ def test_an_unknown_attribute_type_fails_only_where_read() -> None:
 def test_list_match_intersection_is_restored_on_backtrack() -> None:
     """{a,b}, {b}, {a}, {a}, three devices with a common element: picking {b} second leaves no third,
     and after backtracking the running intersection is {a,b} again, so {a} then {a} fit. (Upstream
-    narrowed the intersection for good, PR #140326, and found nothing.)"""
+    narrowed the intersection for good, kubernetes PR #140326, and found nothing.)"""
     values = [["a", "b"], ["b"], ["a"], ["a"]]
     slices = [
         resource_slice(

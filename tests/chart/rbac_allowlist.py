@@ -84,7 +84,7 @@ GRANTS: tuple[Grant, ...] = (
         "resource.k8s.io",
         "resourceclaims/status",
         ("update", "patch"),
-        "status.devices after prepare (issue 6, KEP-4817); kept to our driver's entries of the "
+        "status.devices after prepare (KEP-4817); kept to our driver's entries of the "
         "agent's own pool by the next grant on 1.36+, by the agent-claim-status admission policy before",
         _PLUGIN,
     ),
@@ -284,8 +284,8 @@ GANG_OBJECTS: tuple[Grant, ...] = tuple(
         group,
         resource,
         ("list", "watch"),
-        f"gangs (issue 13): {why}, watched at the version discovery finds (driver/controller/view/watch.py, "
-        "gang_api.py)",
+        f"gangs: {why}, watched at the version discovery finds (driver/controller/view/watch.py, "
+        "driver/controller/gangs/api.py)",
         CONTROLLER_CODE,
     )
     for group, resource, why in (
@@ -323,12 +323,12 @@ PROVISIONING_REQUESTS: tuple[Grant, ...] = (
 
 _KUEUE_CHECK = ("driver/controller/kueue/worker.py", "driver/controller/kueue/watch.py")
 
-# Only with controller.kueueAdmissionCheck.enabled=true (issue 14, docs/kueue.md).
+# Only with controller.kueueAdmissionCheck.enabled=true (docs/kueue.md).
 KUEUE_ADMISSION_CHECK: tuple[Grant, ...] = (
     Grant(
         "controller", "cluster", "kueue.x-k8s.io", "workloads", ("list", "watch"),
         "the admission check reads Workloads whose check is Pending or Ready "
-        "(driver/controller/kueue/worker.py, kueue_watch.py)",
+        "(driver/controller/kueue/worker.py, driver/controller/kueue/watch.py)",
         _KUEUE_CHECK,
     ),
     Grant(

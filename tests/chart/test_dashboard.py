@@ -96,7 +96,7 @@ def test_dashboard_names_only_exported_metrics(tmp_path: Any) -> None:
     named = {name for expr in exprs for name in METRIC.findall(expr)}
     exported = _agent_sample_names(tmp_path) | _controller_sample_names()
     assert named - exported == set()
-    # What the issue asks the dashboard to show: packing, per-pod usage vs allocation,
+    # What the dashboard must show: packing, per-pod usage vs allocation,
     # fragmentation, controller decision rate and latency.
     for needed in (
         "fractional_share_memory_allocated_bytes",

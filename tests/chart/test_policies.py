@@ -688,7 +688,7 @@ def running_pod() -> Obj:
 
 
 def _status_patch(status: Obj) -> Callable[[Obj], None]:
-    """A strategic-merge patch of status as preempting.py sends it (conditions merge by type)."""
+    """A strategic-merge patch of status as preemption/preemptor.py sends it (conditions merge by type)."""
 
     def change(pod: Obj) -> None:
         for key, value in status.items():

@@ -154,8 +154,8 @@ CUSTOM_PLURALS = {
     "workloads": "kueue.x-k8s.io",
     "admissionchecks": "kueue.x-k8s.io",
 }
-# Custom-object calls whose group, version and plural are discovered at run time (issue 13: the
-# served gang API): file -> the (group, plural) pairs it may list and watch.
+# Custom-object calls whose group, version and plural are discovered at run time (the served gang
+# API): file -> the (group, plural) pairs it may list and watch.
 DISCOVERED_CUSTOM = {
     "driver/controller/view/watch.py": (
         ("scheduling.k8s.io", "workloads"),

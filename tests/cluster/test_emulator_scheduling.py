@@ -1,4 +1,4 @@
-"""The gang API as each release serves it (issue 13): versions, the official schemas (pods too),
+"""The gang API as each release serves it: versions, the official schemas (pods too),
 immutability, and 1.37's mutable minCount; through the real client."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Claims may not pick the sharing backend when the admin forbids it (issue 27 #5c): the gang gets an
+"""Claims may not pick the sharing backend when the admin forbids it: the gang gets an
 AllocationFailed Event naming the field, stays gated, and nothing is allocated."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A controller that lost its lease posts no Event (issue 27 #10): Events are fenced like every
+"""A controller that lost its lease posts no Event: Events are fenced like every
 other write, so a successor's Events are the only ones after it leads."""
 
 from __future__ import annotations

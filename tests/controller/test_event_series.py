@@ -1,4 +1,4 @@
-"""GangUnschedulable Events follow client-go's core/v1 series (issue 28 #2): a repeat updates the
+"""GangUnschedulable Events follow client-go's core/v1 series: a repeat updates the
 same Event (count, lastTimestamp); a pod re-created under the same name (another UID) or an Event
 past the apiserver's TTL gets a new one; a gang stuck for hours keeps its Event alive."""
 

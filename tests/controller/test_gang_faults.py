@@ -1,4 +1,4 @@
-"""Gangs under deletion and crashes (issue 11 #2, #3, #14): a gang ends whole or fully released, and
+"""Gangs under deletion and crashes: a gang ends whole or fully released, and
 no pod is ungated without all of its claims."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Gang identity (issue 13): each source read from the pod, first match wins, sizes from the pods or
+"""Gang identity: each source read from the pod, first match wins, sizes from the pods or
 the gang objects, the flag, and the served-version choice. Pure functions; no server."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A gang whose node goes away while its allocations are being written (issue 27 #4): the re-check
+"""A gang whose node goes away while its allocations are being written: the re-check
 before the gates come off covers the nodes and devices the gang was placed on; the written
 allocations are cleared and the gang is planned again, no pod ungated onto the deleted node."""
 

@@ -1,4 +1,4 @@
-"""GangUnschedulable names what is short (issue 27 #10): when the devices fit but the node's CPU,
+"""GangUnschedulable names what is short: when the devices fit but the node's CPU,
 memory or pod slots do not take the pods, the Event says so, not "devices"."""
 
 from __future__ import annotations

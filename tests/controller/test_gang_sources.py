@@ -1,8 +1,8 @@
-"""Gangs as people write them (issue 13), end to end: the emulator at each release's gang API, the
-real client, the controller in-process. Each source (a)-(d) and each served version: a gang that
-fits is allocated whole and ungated together; one that does not keeps every pod gated with no
-allocation and gets an Event on its PodGroup (or Workload). minCount, topology, PodGroup claims,
-and the kubernetes #138765 shape."""
+"""Gangs as people write them, end to end: the emulator at each release's gang API, the
+real client, the controller in-process. Each source ((a)-(d) of ``gang_identity``) and each served
+version: a gang that fits is allocated whole and ungated together; one that does not keeps every pod
+gated with no allocation and gets an Event on its PodGroup (or Workload). minCount, topology,
+PodGroup claims, and the kubernetes #138765 shape."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""One tenant cannot stop the rest (issue 11): a claim nested as deep as kube-apiserver accepts, and
+"""One tenant cannot stop the rest: a claim nested as deep as kube-apiserver accepts, and
 generated hostile claims and pods, get a per-object answer while every good pod is still placed,
 also after a restart."""
 

@@ -1,4 +1,4 @@
-"""Cooperation with Kueue without the admission check (issue 14): a pod that still carries a Kueue
+"""Cooperation with Kueue without the admission check: a pod that still carries a Kueue
 gate is never allocated, and is once ours is the last gate; pods the admission check placed are left
 to it; no ProvisioningRequest of ours for pods Kueue's ProvisioningRequest check already covers."""
 

@@ -1,4 +1,4 @@
-"""An overcommitted device is reported (issue 27 #2): two allocators (ours and kube-scheduler) can
+"""An overcommitted device is reported: two allocators (ours and kube-scheduler) can
 each fit a share on a device the other just filled; the controller sums what the allocated claims
 consume per device against what it publishes, puts a Warning Event on each claim involved, and
 exports a gauge; once per change, not on every refresh."""

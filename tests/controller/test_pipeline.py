@@ -1,4 +1,4 @@
-"""The pipelined write path (issue 15): decisions never wait for writes, each gang's writes keep
+"""The pipelined write path: decisions never wait for writes, each gang's writes keep
 their order, and a failed write undoes exactly its own gang."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``fractional plan`` reads gangs written as Workload + PodGroup (issue 13), 1.35's podGroups too."""
+"""``fractional plan`` reads gangs written as Workload + PodGroup, 1.35's podGroups too."""
 
 from __future__ import annotations
 

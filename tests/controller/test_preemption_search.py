@@ -1,5 +1,6 @@
 """The victim search (driver/controller/preemption/victims.py) over the real allocator: which running
-lower-priority pods a gang evicts, by the issue's cost order, with gangs whole and budgets heeded."""
+lower-priority pods a gang evicts, cheapest first by that module's cost order, with gangs whole and
+budgets heeded."""
 
 from __future__ import annotations
 

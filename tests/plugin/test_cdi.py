@@ -32,7 +32,7 @@ UID = "0b4f7c2e-5d1a-4e6b-9c3d-2a1f0e9d8c7b"
         ("colon:x", False),
         ("x" * 128, True),
         ("x" * 129, False),
-        ("gpu-0\n", False),  # "$" would match before a final newline (issue 11 #10)
+        ("gpu-0\n", False),  # "$" would match before a final newline
         (UID + "\n", False),
     ],
 )

@@ -1,4 +1,4 @@
-"""Decoding a claim defensively, and the checks on what the allocation says (issue 11)."""
+"""Decoding a claim defensively, and the checks on what the allocation says."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Coexistence with NVIDIA's device plugin and another DRA driver (issue 28, item 1).
+"""Coexistence with NVIDIA's device plugin and another DRA driver.
 
 The pure part decides which of our GPUs are claimed elsewhere; on the embedded cluster the agent
 notices a Node advertising ``nvidia.com/gpu`` and a second driver's slice carrying one of our UUIDs,

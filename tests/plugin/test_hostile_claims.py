@@ -1,4 +1,4 @@
-"""Hostile claims (issue 11): one tenant's claim never stops the others in the same call.
+"""Hostile claims: one tenant's claim never stops the others in the same call.
 
 Everything goes the real way: claims stored in the API emulator (deep ones written as raw JSON, as
 kube-apiserver accepts up to 10,000 levels), read by the agent over HTTP, prepared through the

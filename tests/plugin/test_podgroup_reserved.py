@@ -1,5 +1,5 @@
 """A claim reserved for a PodGroup (KEP-5729: ``status.reservedFor`` names the PodGroup, not the
-pods) is prepared like any other (issue 13): the agent never requires a pod consumer."""
+pods) is prepared like any other: the agent never requires a pod consumer."""
 
 from __future__ import annotations
 

@@ -49,7 +49,8 @@ def test_capacity_is_what_the_slice_publishes(inventory: NodeInventory) -> None:
 
 
 def test_three_10gi_60_percent_shares_in_one_call(env: Env, caplog: pytest.LogCaptureFixture) -> None:
-    """The issue's case: 30Gi of memory limits and 180% of compute on one 22Gi GPU."""
+    """Three shares in one call overcommit a GPU: 30Gi of memory limits and 180% of compute on one
+    22Gi GPU."""
     state = env.state()
     claims = [claim([share("10Gi", "60")]) for _ in range(3)]
     before = refused()

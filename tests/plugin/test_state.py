@@ -322,7 +322,7 @@ def test_crash_after_each_unprepare_effect_then_restart(env: Env, effect: str) -
     assert env.backends["none"].count("release", c.uid) >= 1
 
 
-# -- issue 11: batches, a lost checkpoint, start-up hygiene -----------------------------------------
+# -- batches, a lost checkpoint, start-up hygiene ---------------------------------------------------
 
 
 def test_prepare_many_isolates_each_claim(env: Env) -> None:

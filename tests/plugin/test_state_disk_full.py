@@ -201,7 +201,7 @@ def test_full_disk_at_unprepare_start_changes_nothing_and_the_retry_releases(env
 
 
 def test_full_disk_at_unprepare_removal_resurrects_nothing(env: Env, disks: Disks) -> None:
-    """The issue's case: CDI file removed and share released, then the checkpoint write fails."""
+    """The disk fills mid-unprepare: CDI file removed and share released, then the checkpoint write fails."""
     c = claim([result("gpu-0")])
     env.state().prepare(c)
     state = env.state(on_effect=fill_after(disks.plugin, "shares-released"))

@@ -15,7 +15,7 @@ or plain ``ResourceClaim`` documents (``---``-separated); each is a gang of one 
 claims carry the ``fractional.dev/gang`` label, which groups them into one gang with one pod
 per claim. Each gang is planned on its own; the last row places all gangs together.
 
-Gangs as Kubernetes writes them (issue 13) are read too: a ``scheduling.k8s.io`` ``PodGroup``
+Gangs as Kubernetes writes them are read too: a ``scheduling.k8s.io`` ``PodGroup``
 (``minCount`` pods) or a ``Workload``'s pod group (``podGroups`` on 1.35, ``podGroupTemplates``
 on 1.36+, unless a PodGroup in the file is made from that template), with the ``Pod`` documents
 that point at it (``spec.schedulingGroup`` or ``spec.workloadRef``) and the
@@ -566,5 +566,5 @@ def run_plan(config: PlanConfig) -> str:
     text = render_plan(
         compute_plan(gangs, classes, shape, policy=config.policy), config.output, parsed.skipped
     )
-    # issue 14: warn about claims Kueue refuses; with --kueue, what Kueue charges (kueue_plan.py)
+    # Warn about claims Kueue refuses; with --kueue, what Kueue charges (driver/controller/kueue/plan.py)
     return append_kueue_report(text, gangs, classes, shape, output=config.output, charges=config.kueue)

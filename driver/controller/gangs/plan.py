@@ -161,7 +161,7 @@ def plan_gang(cache: ClusterCache, key: GangKey) -> GangPlan:
         if not gated:
             return GangPlan(key=key, action="idle")
         replanning = True  # kube-scheduler's PostFilter cleared our allocations: place them again, whole
-    if kueue_reason := reservation_wait_reason(gated):  # issue 14: Kueue's gate, or the check places them
+    if kueue_reason := reservation_wait_reason(gated):  # Kueue's gate, or the check places them
         return GangPlan(key=key, action="wait", reason=kueue_reason, gated=gated)
     invalid = tuple(
         (Kind.POD, p, reason)

@@ -1,6 +1,6 @@
 """Watch the gang objects at the version the server serves, and follow it when that changes.
 
-At start and on each resync ``GangWatches`` reads discovery (``gang_api``): the
+At start and on each resync ``GangWatches`` reads discovery (``discover_gang_api``): the
 ``scheduling.k8s.io`` version in use (its Workload/PodGroup), and the coscheduling and Volcano
 PodGroup custom resources when served. It logs the choice and sets
 ``fractional_controller_gang_api_info``; when the choice changes it stops the old watchers and

@@ -1,7 +1,7 @@
 """``fractional plan --kueue``: what Kueue (v0.19) would charge each gang of a claims file, and
 what one node of the profile counts in the same quota units (for a ClusterQueue's
 ``nominalQuota``); and, always, a warning for each claim Kueue would refuse (``firstAvailable``,
-``allocationMode: All``). Pure; the rule is ``kueue_quota``'s."""
+``allocationMode: All``). Pure; the rule is ``driver.controller.kueue.quota``'s."""
 
 from __future__ import annotations
 

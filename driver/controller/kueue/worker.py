@@ -3,7 +3,7 @@
 object's resourceVersion; a 409 is simply retried on the next pass), and places the pods of the
 workloads it admitted when they arrive gated.
 
-A pass (on every Workload event, see ``kueue_watch``, and every ``resync_seconds``):
+A pass (on every Workload event, see ``driver.controller.kueue.watch``, and every ``resync_seconds``):
 1. ``Active=True`` on each AdmissionCheck whose ``spec.controllerName`` is ours;
 2. per Workload whose entry for one of those checks is ``Pending`` while quota is reserved: plan it
    against the slices, the allocations and the reservations held, and answer Ready / Retry / Rejected;

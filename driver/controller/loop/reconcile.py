@@ -1,4 +1,4 @@
-"""The decider and the jobs it hands to the writers (issue 15: a pipelined write path).
+"""The decider and the jobs it hands to the writers (a pipelined write path).
 
 The decider (the one worker thread) takes keys off the queue, several at a time when they are
 there, and decides under ``cache.lock`` with no I/O (taken for the planning, then for each decision,
@@ -75,7 +75,7 @@ class ReconcilerSettings:
     provisioning_requests: bool = False
     provisioning_class: str = "best-effort-atomic-scale-up.autoscaling.x-k8s.io"
     topology_label: str = "topology.kubernetes.io/zone"
-    preemption: bool = True  # evict lower-priority pods for a gang that does not fit (preempting.py)
+    preemption: bool = True  # evict lower-priority pods for a gang that does not fit (``Preemptor``)
     # False: a claim whose own GpuConfig picks a sharing backend is refused (AllocationFailed naming the
     # field); the node's --sharing or the DeviceClass's config decides (sharing.allowClaimBackendOverride).
     allow_claim_backend_override: bool = True
@@ -288,7 +288,7 @@ class Reconciler:
         return decide_all(self.cache, ready, policy=self.settings.policy)
 
     def _unschedulable(self, writers: Writers, plan: GangPlan, decision: Decision, generation: int) -> None:
-        """An unschedulable gang's job: make room by preemption (preempting.py), else say why not."""
+        """An unschedulable gang's job: make room by preemption (``Preemptor``), else say why not."""
         if self.preemptor is not None:
             if self.preemptor.preempt(plan, policy=self.settings.policy):
                 return  # victims are going; the release of their claims queues the gang again
@@ -727,7 +727,7 @@ class Reconciler:
                 extra={"claim": key, "pod": ", ".join(sorted(str(object_key(u)) for u in running))},
             )
             # Not bound yet, in a gang: kube-scheduler's gang PostFilter undid the placement; the gang
-            # is planned again as a whole (gangs.py), our finalizer kept meanwhile.
+            # is planned again as a whole (gangs/plan.py), our finalizer kept meanwhile.
             gangs = {g for u in running if not (u.get("spec") or {}).get("nodeName")
                      and (g := self.cache.gang_of_pod(str(object_key(u)))) is not None}  # fmt: skip
             if gangs:

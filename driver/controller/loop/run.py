@@ -136,7 +136,7 @@ def run_controller(
                 )  # fmt: skip
                 next_endpoint_check = _ensure_endpoint(endpoint)
             release_at = time.monotonic() + GUARD_SETTLE_SECONDS
-        if config.kueue_admission_check:  # issue 14: the AdmissionCheck fractional.dev/placement
+        if config.kueue_admission_check:  # the AdmissionCheck fractional.dev/placement
             kueue_settings = KueueCheckSettings(
                 policy=config.policy, topology_label=config.topology_label, hint_profiles=config.hint_profiles
             )

@@ -1,4 +1,4 @@
-"""Preemption for the gangs we place (issue 17): the search wired to the cache, the nominations
+"""Preemption for the gangs we place: the search wired to the cache, the nominations
 that keep freed devices for the preemptor, and the effects (evictions, conditions, Events).
 
 ``decide_all`` runs on the decider thread inside its decide step (``cache.lock`` held, no I/O): it
@@ -226,7 +226,7 @@ class Preemptor:
         its priority counted as taken. One entry per plan, in order."""
         if not self.nominations:
             return decide_all(self.cache, plans, policy=policy)
-        from driver.controller.gangs.decide import assume_decision  # the pipelined decider's (issue 15)
+        from driver.controller.gangs.decide import assume_decision  # the pipelined decider's
 
         results: list[Decision | AllocationError | None] = [None] * len(plans)
         by_hold: dict[frozenset[GangKey], list[int]] = {}

@@ -1,4 +1,4 @@
-"""Devices allocated beyond what they publish (issue 27 #2): pure, no I/O.
+"""Devices allocated beyond what they publish: pure, no I/O.
 
 Two allocators write claims in one cluster (ours and kube-scheduler's); each checks its own view,
 so a race can leave a device holding more than it offers. Per device, the ``consumedCapacity`` of

@@ -1,4 +1,4 @@
-"""The bounded pool of writer threads behind the decider (issue 15: decisions never wait for writes).
+"""The bounded pool of writer threads behind the decider (decisions never wait for writes).
 
 The decider hands each gang's writes over as one job; a job runs on one writer thread, so a gang's
 writes keep their order (finalizer -> allocation -> gate) while different gangs are written side by
