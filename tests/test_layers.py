@@ -44,15 +44,38 @@ DRIVER_LAYERS: dict[str, frozenset[str]] = {
     "slices": frozenset({"inventory"}),
     "publisher": frozenset({"errors", "inventory", "kube", "slices"}),
     "controller": frozenset(
-        {"allocator", "config", "errors", "gang_sources", "inventory", "jsondepth", "kube", "probes", "slices"}
+        {
+            "allocator",
+            "config",
+            "errors",
+            "gang_sources",
+            "inventory",
+            "jsondepth",
+            "kube",
+            "probes",
+            "slices",
+        }
     ),
-    "plugin": frozenset({"config", "errors", "inventory", "jsondepth", "kube", "probes", "publisher", "slices"}),
+    "plugin": frozenset(
+        {"config", "errors", "inventory", "jsondepth", "kube", "probes", "publisher", "slices"}
+    ),
     "cluster": frozenset({"allocator", "errors", "jsondepth", "kube", "plugin"}),
     "status": frozenset({"config", "controller", "gpu_usage", "kube"}),
     "why": frozenset({"allocator", "config", "controller", "errors", "kube"}),
     "demo": frozenset({"allocator", "cluster", "config", "errors", "gpu_usage", "kube", "slices"}),
     "cli": frozenset(
-        {"cluster", "config", "controller", "demo", "errors", "inventory", "plugin", "slices", "status", "why"}
+        {
+            "cluster",
+            "config",
+            "controller",
+            "demo",
+            "errors",
+            "inventory",
+            "plugin",
+            "slices",
+            "status",
+            "why",
+        }
     ),
     "__main__": frozenset({"cli"}),
 }
