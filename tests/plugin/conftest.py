@@ -14,9 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import jsonschema
 import pytest
-import referencing
+from jsonschema.protocols import Validator
 from kubernetes import client
 
 from driver import DRIVER_NAME
@@ -25,9 +24,9 @@ from driver.config import PluginConfig
 from driver.inventory.discover import discover_inventory
 from driver.inventory.model import NodeInventory
 from driver.plugin.agent import NodeAgent
+from tests.plugin.cdi_spec_schema import cdi_spec_validator
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-CDI_SCHEMA_DIR = REPO_ROOT / "tests" / "data" / "cdi-schema"
 NODE = "node-a"
 PROFILE = "l4-2x"  # 2 GPUs (gpu-0, gpu-1) + 1 RDMA NIC (nic-0)
 NAMESPACE = "default"
@@ -98,19 +97,14 @@ def inventory() -> NodeInventory:
 
 
 @pytest.fixture(scope="session")
-def cdi_validator() -> jsonschema.Draft7Validator:
-    schema = json.loads((CDI_SCHEMA_DIR / "schema.json").read_text())
-    defs = json.loads((CDI_SCHEMA_DIR / "defs.json").read_text())
-    registry = referencing.Registry().with_resource(
-        "defs.json",
-        referencing.Resource.from_contents(defs, default_specification=referencing.jsonschema.DRAFT7),
-    )
-    return jsonschema.Draft7Validator(schema, registry=registry)
+def cdi_validator() -> Validator:
+    """Our schema of a CDI spec file (tests/plugin/cdi_spec_schema.py), as a ready validator."""
+    return cdi_spec_validator()
 
 
 @pytest.fixture
-def check_cdi(cdi_validator: jsonschema.Draft7Validator) -> Callable[[Path], dict[str, Any]]:
-    """Load a CDI spec file and validate it against the CDI JSON schema."""
+def check_cdi(cdi_validator: Validator) -> Callable[[Path], dict[str, Any]]:
+    """Load a CDI spec file and validate it against our schema of the CDI specification."""
 
     def check(path: Path) -> dict[str, Any]:
         spec = json.loads(path.read_text())
