@@ -66,9 +66,11 @@ _SPEC_SUFFIXES = (".json", ".yaml", ".yml")
 MAX_NAME_PART_LENGTH = 128  # a UUID is 36; file names stay far below NAME_MAX (255)
 SHARE_PREFIX_LENGTH = 8
 
-# CDI device names allow alphanumerics and "_-.:" (container-device-interface pkg/parser); file names
-# must not contain ":" on every filesystem we care about, so the stricter set is used for both.
-_NAME_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+# A CDI device name starts and ends with an alphanumeric and has alphanumerics and "_-.:" between
+# (the CDI specification; containerd's parser refuses anything else). File names must not contain
+# ":" on every filesystem we care about, so the stricter set is used for both.
+_NAME_PART = re.compile(r"[A-Za-z0-9]([A-Za-z0-9_.-]*[A-Za-z0-9])?")
+_NOT_ALNUM_END = "_.-"
 
 BASE_CDI_VERSION = "0.3.0"
 MAX_FOREIGN_SPEC_BYTES = 64 * 1024 * 1024  # the NVIDIA toolkit's spec of a big node is a few MiB
@@ -85,7 +87,10 @@ def check_name_part(value: str, *, claim: str, field: str) -> str:
     elif "/" in value or ".." in value:
         problem = f"{value!r} contains '/' or '..'"
     elif not _NAME_PART.fullmatch(value):
-        problem = f"{value!r} has characters outside [A-Za-z0-9_.-] or does not start with one of [A-Za-z0-9]"
+        problem = (
+            f"{value!r} has characters outside [A-Za-z0-9_.-] or does not start and end with one of "
+            "[A-Za-z0-9]"
+        )
     else:
         return value
     raise ClaimError(claim=claim, field=field, problem=problem)
@@ -96,10 +101,11 @@ def spec_kind(cdi_class: str) -> str:
 
 
 def device_name(claim_uid: str, device: str, share_id: str | None) -> str:
-    """``<claimUID>-<device>[-<shareID prefix>]`` (callers have checked the parts)."""
+    """``<claimUID>-<device>[-<shareID prefix>]`` (callers have checked the parts). The prefix ends
+    with an alphanumeric as a CDI name must: a separator it was cut after is dropped."""
     name = f"{claim_uid}-{device}"
     if share_id:
-        name += "-" + share_id[:SHARE_PREFIX_LENGTH]
+        name += "-" + share_id[:SHARE_PREFIX_LENGTH].rstrip(_NOT_ALNUM_END)
     return name
 
 

@@ -28,6 +28,9 @@ UID = "0b4f7c2e-5d1a-4e6b-9c3d-2a1f0e9d8c7b"
         ("a..b", False),
         (".hidden", False),
         ("-dash", False),
+        ("dash-", False),  # a CDI name ends with an alphanumeric
+        ("dot.", False),
+        ("x", True),
         ("sp ace", False),
         ("colon:x", False),
         ("x" * 128, True),
@@ -47,6 +50,9 @@ def test_check_name_part(value: str, ok: bool) -> None:
 def test_names_and_paths(tmp_path: Path) -> None:
     assert cdi.device_name(UID, "gpu-3", None) == f"{UID}-gpu-3"
     assert cdi.device_name(UID, "gpu-3", "1234567890ab") == f"{UID}-gpu-3-12345678"
+    # cut after a separator, the prefix drops it: containerd refuses a device name ending in one
+    assert cdi.device_name(UID, "gpu-3", "abcdefg-rest") == f"{UID}-gpu-3-abcdefg"
+    assert cdi.device_name(UID, "gpu-3", "abc.._--xyz") == f"{UID}-gpu-3-abc"
     assert cdi.qualified_device_id("gpu", "x") == "k8s.fractional.dev/gpu=x"
     assert cdi.claim_spec_path(tmp_path, "nic", UID) == tmp_path / f"k8s.fractional.dev-nic_{UID}.json"
     with pytest.raises(ClaimError):
