@@ -1,10 +1,12 @@
 """The repository holds only what this project wrote.
 
-Other projects' files (Kubernetes' ``.proto`` definitions, Kueue's and cluster-autoscaler's CRDs, the
-CDI project's schema) are read from their published packages when a generator or a test needs them
-(``hack/gomodules.py``), never copied in. A copied file is easy to recognise by what it carries
-along: its project's licence header, or a line saying where it was copied from. No tracked file may
-carry either. (The patterns are spelled so that this file does not match them.)
+Other projects' files that a generator or a test needs (Kubernetes' ``.proto`` definitions, Kueue's
+and cluster-autoscaler's CRDs) are read from their published Go modules when needed
+(``hack/gomodules.py``), never copied in; where a file is not published in a form we can fetch (the
+CDI project's JSON schema), the project writes its own (``tests/plugin/cdi_spec_schema.py``). A
+copied file is easy to recognise by what it carries along: its project's licence header, or a line
+saying where it was copied from. No tracked file may carry either. (The patterns are spelled so
+that this file does not match them.)
 """
 
 from __future__ import annotations
