@@ -66,8 +66,16 @@ def _resolve(schema: Any) -> Obj:
 
 
 def _root_schema(rtype: ResourceType) -> Obj:
+    return _schema_of_file(schema_file(rtype))
+
+
+@functools.cache
+def _schema_of_file(name: str) -> Obj:
+    """Read once per schema file: every write's managedFields walk its type's schema, and parsing
+    the file again each time was a third of the emulator's time under a backlog of claim writes
+    (py-spy, bench/bench_controller.py)."""
     try:
-        return _resolve(schema_document(schema_file(rtype), strict=False))
+        return _resolve(schema_document(name, strict=False))
     except FileNotFoundError:
         return {}
 
@@ -135,28 +143,56 @@ def _unflatten(paths: set[Path]) -> Fields:
     return tree
 
 
+def _step(obj: Any, key: str) -> tuple[bool, Any, bool]:
+    """One key of a FieldsV1 path from ``obj``: (present, value, final); ``final``: the path ends
+    there whatever follows (``.`` and a set's ``v:`` value)."""
+    if key == ".":
+        return True, obj, True
+    kind, _, rest = key.partition(":")
+    if kind == "f" and isinstance(obj, dict) and rest in obj:
+        return True, obj[rest], False
+    if kind == "k" and isinstance(obj, list):
+        wanted = json.loads(rest)
+        found = next(
+            (i for i in obj if isinstance(i, dict) and all(i.get(k) == v for k, v in wanted.items())),
+            None,
+        )
+        return found is not None, found, found is None
+    if kind == "v" and isinstance(obj, list):
+        value = json.loads(rest)
+        return (value in obj), value, True
+    return False, None, True
+
+
 def _lookup(obj: Any, path: Path) -> tuple[bool, Any]:
     """(present, value) at a FieldsV1 path."""
     for key in path:
-        if key == ".":
-            return True, obj
-        kind, _, rest = key.partition(":")
-        if kind == "f" and isinstance(obj, dict) and rest in obj:
-            obj = obj[rest]
-        elif kind == "k" and isinstance(obj, list):
-            wanted = json.loads(rest)
-            obj = next(
-                (i for i in obj if isinstance(i, dict) and all(i.get(k) == v for k, v in wanted.items())),
-                None,
-            )
-            if obj is None:
-                return False, None
-        elif kind == "v" and isinstance(obj, list):
-            value = json.loads(rest)
-            return (value in obj), value
-        else:
-            return False, None
+        present, obj, final = _step(obj, key)
+        if final:
+            return present, obj
     return True, obj
+
+
+def _changed(
+    tree: Fields, old: tuple[bool, Any], new: Any, old_paths: set[Path], prefix: Path = ()
+) -> set[Path]:
+    """The leaf paths of ``tree`` (``new``'s FieldsV1) that ``old`` lacks or holds another value at:
+    the paths whose ``_lookup`` differs. Walked beside both objects, and a subtree equal in both is
+    skipped whole, so a write that changes one field costs about that field, not the object."""
+    changed: set[Path] = set()
+    for key, child in tree.items():
+        path = (*prefix, key)
+        new_present, new_value, new_final = _step(new, key)
+        old_present, old_value, old_final = _step(old[1], key) if old[0] else (False, None, True)
+        if not child or new_final:
+            if path not in old_paths or (old_present, old_value) != (new_present, new_value):
+                changed.add(path)
+        elif key.startswith("f:") and old_present and old_value == new_value:
+            continue  # the same field value under the same schema: every path below is in both, unchanged
+            # (not for a ``k:`` item: the lookup takes a list's first item of that key, the tree its last)
+        else:
+            changed |= _changed(child, (old_present and not old_final, old_value), new_value, old_paths, path)
+    return changed
 
 
 def _remove(obj: Any, path: Path) -> None:
@@ -327,11 +363,10 @@ def record_update(
     from the other managers."""
     schema = _root_schema(rtype)
     status = subresource == "status"
-    new_paths = _flatten(fields_of(new, schema, top=True, status=status))
+    new_fields = fields_of(new, schema, top=True, status=status)
+    new_paths = _flatten(new_fields)
     old_paths = _flatten(fields_of(old, schema, top=True, status=status)) if old is not None else set()
-    changed = {
-        path for path in new_paths if path not in old_paths or _lookup(old, path) != _lookup(new, path)
-    }
+    changed = _changed(new_fields, (old is not None, old), new, old_paths)
     previous = (((old or {}).get("metadata") or {}).get("managedFields")) or []
     sent = (new.get("metadata") or {}).get("managedFields")
     # As kube-apiserver's field manager: managed fields a client writes (on create, or changed

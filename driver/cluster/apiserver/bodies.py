@@ -169,18 +169,20 @@ def loads(raw: bytes | str) -> Any:
 
 def dumps(obj: Any, *, ensure_ascii: bool = True) -> str:
     """Compact JSON; RawJSON leaves are written back verbatim."""
-    nonce = secrets.token_hex(8)
     leaves: list[RawJSON] = []
+    nonce: list[str] = []  # drawn at the first leaf: most bodies have none, and a draw is a syscall
 
     def leaf(value: Any) -> str:
         if isinstance(value, RawJSON):
             leaves.append(value)
-            return f"@@rawjson-{nonce}-{len(leaves) - 1}@@"
+            if not nonce:
+                nonce.append(secrets.token_hex(8))
+            return f"@@rawjson-{nonce[0]}-{len(leaves) - 1}@@"
         raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
     text = json.dumps(obj, separators=(",", ":"), default=leaf, ensure_ascii=ensure_ascii)
     for index, value in enumerate(leaves):
-        text = text.replace(json.dumps(f"@@rawjson-{nonce}-{index}@@"), value.text, 1)
+        text = text.replace(json.dumps(f"@@rawjson-{nonce[0]}-{index}@@"), value.text, 1)
     return text
 
 
