@@ -14,6 +14,12 @@ Scenarios per run:
 - stream: the controller runs; pods are created one after another by a client thread; latency per
   pod = first time the controller saw the gated pod -> its gate removed.
 
+Each backlog row also splits the CPU the drain cost between the two processes: the controller's
+(this process, ``time.process_time``) and the emulator's (its ``/proc/<pid>/stat``), in ms per pod.
+With both on one 2-core machine, a slower backlog is one side or the other; the split says which
+(the backlog once halved because the emulator's managedFields re-read a schema file on every write,
+while the controller's own CPU per pod had not moved).
+
 Prints a markdown table and writes bench/results/controller.json. Run:
     .venv/bin/python bench/bench_controller.py [--pods 1000] [--nodes 100] [--stream 300]
         [--write-delay-ms 10] [--writers 32] [--repeats 3]
@@ -22,6 +28,7 @@ Prints a markdown table and writes bench/results/controller.json. Run:
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import tempfile
@@ -127,6 +134,15 @@ def create_pods(configuration: client.Configuration, names: list[str], workers: 
     api.close()
 
 
+def process_cpu_seconds(pid: int) -> float | None:
+    """User and system CPU of another process so far (Linux ``/proc``); None elsewhere."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def wait_latencies(controller: Controller, count: int, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while len(controller.latencies) < count:
@@ -181,8 +197,14 @@ def run_once(
             if not controller.wait_synced(120):
                 raise SystemExit("controller caches did not sync")
             synced = time.monotonic()
+            ours_before, theirs_before = time.process_time(), process_cpu_seconds(process.pid)
             wait_latencies(controller, args.pods, timeout=600)
             drain = time.monotonic() - synced
+            ours_cpu = time.process_time() - ours_before
+            theirs_after = process_cpu_seconds(process.pid)
+            theirs_ms = None
+            if theirs_before is not None and theirs_after is not None:
+                theirs_ms = round((theirs_after - theirs_before) / args.pods * 1000, 2)
             backlog_latency = summary(controller.latencies[: args.pods])
             backlog_allocator = sum(allocate_seconds)
             rows.append({
@@ -197,6 +219,8 @@ def run_once(
                 "latency_iqr_ms": round(backlog_latency["iqr"] * 1000, 1),
                 "allocator_ms_per_decision": round(backlog_allocator / max(1, sum(decided)) * 1000, 3),
                 "allocator_share_of_drain": round(backlog_allocator / drain, 3),
+                "controller_cpu_ms_per_pod": round(ours_cpu / args.pods * 1000, 2),
+                "apiserver_cpu_ms_per_pod": theirs_ms,
                 "setup_seconds": round(setup_seconds, 1),
             })  # fmt: skip
 
@@ -275,7 +299,8 @@ def main() -> None:
     rows = run(args)
     columns = ["scenario", "path", "write_delay_ms", "decisions_per_second", "latency_median_ms",
                "latency_p99_ms", "latency_iqr_ms", "rate_vs_sequential", "rate_vs_no_delay",
-               "runs", "rate_range", "drain_seconds"]  # fmt: skip
+               "runs", "rate_range", "drain_seconds", "controller_cpu_ms_per_pod",
+               "apiserver_cpu_ms_per_pod"]  # fmt: skip
     print("| " + " | ".join(columns) + " |")
     print("|" + "---|" * len(columns))
     for row in rows:
