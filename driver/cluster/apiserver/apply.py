@@ -174,11 +174,18 @@ def _lookup(obj: Any, path: Path) -> tuple[bool, Any]:
 
 
 def _changed(
-    tree: Fields, old: tuple[bool, Any], new: Any, old_paths: set[Path], prefix: Path = ()
+    tree: Fields,
+    old: tuple[bool, Any],
+    new: Any,
+    old_paths: set[Path],
+    prefix: Path = (),
+    keyed: bool = False,
 ) -> set[Path]:
     """The leaf paths of ``tree`` (``new``'s FieldsV1) that ``old`` lacks or holds another value at:
-    the paths whose ``_lookup`` differs. Walked beside both objects, and a subtree equal in both is
-    skipped whole, so a write that changes one field costs about that field, not the object."""
+    the paths whose ``_lookup`` differs. Walked beside both objects, one step per key instead of a
+    lookup from the root per path; a field equal in both is skipped whole while no list item key
+    (``k:``) lies on its path (there, a lookup takes the first item of a key and the tree the last,
+    and an item that lost its key fields is looked up as another: only each leaf tells)."""
     changed: set[Path] = set()
     for key, child in tree.items():
         path = (*prefix, key)
@@ -187,11 +194,11 @@ def _changed(
         if not child or new_final:
             if path not in old_paths or (old_present, old_value) != (new_present, new_value):
                 changed.add(path)
-        elif key.startswith("f:") and old_present and old_value == new_value:
-            continue  # the same field value under the same schema: every path below is in both, unchanged
-            # (not for a ``k:`` item: the lookup takes a list's first item of that key, the tree its last)
+        elif not keyed and key.startswith("f:") and old_present and old_value == new_value:
+            continue  # the same field value under the same schema at the same path: nothing below changed
         else:
-            changed |= _changed(child, (old_present and not old_final, old_value), new_value, old_paths, path)
+            below = (old_present and not old_final, old_value)
+            changed |= _changed(child, below, new_value, old_paths, path, keyed or key.startswith("k:"))
     return changed
 
 
