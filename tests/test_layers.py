@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import subprocess
 from collections.abc import Iterator
@@ -123,6 +124,7 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+@functools.cache
 def _modules() -> dict[str, Path]:
     return {
         _module_name(path): path for path in sorted(PACKAGE.rglob("*.py")) if "proto_gen" not in path.parts
@@ -156,6 +158,7 @@ def _resolve(name: str, modules: dict[str, Path]) -> str | None:
     return name or None
 
 
+@functools.cache
 def _graph() -> dict[str, set[str]]:
     modules = _modules()
     graph: dict[str, set[str]] = {name: set() for name in modules}
@@ -169,6 +172,7 @@ def _graph() -> dict[str, set[str]]:
     return graph
 
 
+@functools.cache
 def _all_imports() -> list[Import]:
     return [found for name, path in _modules().items() for found in _imports(name, path)]
 
