@@ -315,7 +315,9 @@ def main() -> None:
         "controller first saw the gated pod -> gate removed; in the backlog it includes queueing behind "
         "the other pods. Each backlog runs `runs` times on a fresh emulator; the row is the run with the "
         "median rate, and rate_range gives the slowest and fastest. rate_vs_sequential and "
-        "rate_vs_no_delay compare these medians, measured in this same run.",
+        "rate_vs_no_delay compare these medians, measured in this same run. controller_cpu_ms_per_pod and "
+        "apiserver_cpu_ms_per_pod split the drain's CPU between the two processes (this one, and the "
+        "emulator's /proc stat): on this 2-core machine a slower backlog is one side or the other.",
     )  # fmt: skip
     print(f"\nwritten {path}")
 
