@@ -11,10 +11,17 @@ from __future__ import annotations
 from typing import Any
 
 from driver.allocator import GroupAllocationError
-from driver.controller.gangs.decide import Decision, Exclusions, assume_decision, decide, node_fit
+from driver.controller.gangs.decide import (
+    Decision,
+    Exclusions,
+    assume_decision,
+    decide,
+    node_fit,
+    room_exclusions,
+)
 from driver.controller.gangs.plan import GangPlan
 from driver.controller.gangs.topology import decide_in_domains
-from driver.controller.view.cache import ClusterCache, Kind
+from driver.controller.view.cache import ClusterCache
 from driver.errors import AllocationError
 
 __all__ = ["decide_all"]
@@ -61,7 +68,6 @@ def _burst(
         if plan.topology_key is None and not any(g.pinned_node or g.conflict for g in plan.groups)
     ]  # fmt: skip
     if len(batch) > 1:
-        nodes = {str(n["metadata"]["name"]): n for n in cache.objects(Kind.NODE)}
         exclusions = Exclusions(cache)
         while batch:
             groups, pod_groups, excludes = [], [], []
@@ -74,7 +80,7 @@ def _burst(
                         claims.extend(group.pending_claims)
                 groups.append(claims)
                 pod_groups.append(members)
-                excludes.append(exclusions.of(plans[index]))
+                excludes.append(exclusions.of(plans[index]) | room_exclusions(cache, plans[index]))
             try:
                 placed = cache.state.allocate_many(
                     groups, node=None, policy=policy, pod_groups=pod_groups, exclude_nodes=excludes
@@ -87,7 +93,7 @@ def _burst(
                 if allocations is None:
                     continue  # decided on its own below, after the others are counted
                 chosen = list(zip(claims, allocations, strict=True))
-                pod_nodes, misfit, _ = node_fit(cache, plans[index], chosen, nodes)
+                pod_nodes, misfit, _ = node_fit(cache, plans[index], chosen)
                 if misfit is None:
                     decision = Decision(
                         outcome="allocated", allocations=tuple(chosen), pod_nodes=tuple(pod_nodes)

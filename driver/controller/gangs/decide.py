@@ -30,6 +30,7 @@ __all__ = [
     "decide",
     "group_node",
     "node_fit",
+    "room_exclusions",
     "short_dimension",
     "static_exclusions",
     "tentative_allocations",
@@ -116,25 +117,32 @@ def allocate_groups(
 
 
 class Exclusions:
-    """Static exclusions for the plans of one decision pass: Nodes and slices are read once, and
-    each distinct pod placement spec (nodeSelector, affinity, tolerations) is judged once per node."""
+    """Static exclusions: each distinct pod placement spec (nodeSelector, affinity, tolerations) is
+    judged once per node, and the answer kept in the cache until a Node's labels or spec change or
+    a node gains or loses slices (``ClusterCache.exclusion_memo``): a decision does not walk every
+    Node again."""
 
     def __init__(self, cache: ClusterCache) -> None:
-        self._nodes = {str(n["metadata"]["name"]): n for n in cache.objects(Kind.NODE)}
-        slice_nodes = {
-            str(s["spec"]["nodeName"])
-            for s in cache.objects(Kind.SLICE)
-            if (s.get("spec") or {}).get("nodeName")
-        }
-        self._orphans = frozenset(name for name in slice_nodes if name not in self._nodes)
-        self._by_spec: dict[str, frozenset[str]] = {}
+        self._cache = cache
+        self._by_spec = cache.exclusion_memo()
+        orphans = self._by_spec.get("orphans")
+        if orphans is None:
+            nodes = {str(n["metadata"]["name"]) for n in cache.objects(Kind.NODE)}
+            slice_nodes = {
+                str(s["spec"]["nodeName"])
+                for s in cache.objects(Kind.SLICE)
+                if (s.get("spec") or {}).get("nodeName")
+            }
+            orphans = self._by_spec["orphans"] = frozenset(name for name in slice_nodes if name not in nodes)
+        self._orphans = orphans
 
     def _rejecting(self, pod: dict[str, Any]) -> frozenset[str]:
         spec = pod.get("spec") or {}
         key = repr((spec.get("nodeSelector"), spec.get("affinity"), spec.get("tolerations")))
         found = self._by_spec.get(key)
         if found is None:
-            found = frozenset(name for name, node in self._nodes.items() if node_rejection(pod, node))
+            nodes = self._cache.objects(Kind.NODE)
+            found = frozenset(str(n["metadata"]["name"]) for n in nodes if node_rejection(pod, n))
             self._by_spec[key] = found
         return found
 
@@ -145,6 +153,19 @@ class Exclusions:
                 for pod in group.pods:
                     excluded |= self._rejecting(pod)
         return frozenset(excluded)
+
+
+def room_exclusions(cache: ClusterCache, plan: GangPlan) -> frozenset[str]:
+    """Nodes that cannot take even the smallest pod of ``plan`` that still needs devices (its CPU,
+    memory and pod slot, against what is bound or placed there now): the allocator never looks at
+    them. Exact for a gang of one; for larger gangs ``node_fit`` still checks the pods together."""
+    wanting = [pod_requests(p) for g in plan.groups if g.pending_claims for p in g.pods]
+    if not wanting:
+        return frozenset()
+    smallest = Resources(
+        min(r.cpu_millis for r in wanting), min(r.memory_bytes for r in wanting), min(r.pods for r in wanting)
+    )
+    return cache.nodes_without_room(smallest)
 
 
 def static_exclusions(cache: ClusterCache, plan: GangPlan) -> frozenset[str]:
@@ -167,7 +188,6 @@ def node_fit(
     cache: ClusterCache,
     plan: GangPlan,
     chosen: list[tuple[dict[str, Any], dict[str, Any]]],
-    nodes: dict[str, dict[str, Any]],
 ) -> tuple[list[tuple[dict[str, Any], str | None]], str | None, str]:
     """Each pod's node, and the first node whose CPU/memory/pods it overflows (with the shortfall)."""
     by_claim = {str(object_key(c)): a for c, a in chosen}
@@ -177,12 +197,13 @@ def node_fit(
         node = group_node(group, by_claim)
         for pod in group.pods:
             pod_nodes.append((pod, node))
-            if node is None or node not in nodes:
+            node_object = None if node is None else cache.get(Kind.NODE, node)
+            if node is None or node_object is None:
                 continue
             requests = pod_requests(pod)
             if node not in usage:
                 usage[node] = cache.node_usage(node)
-            free = node_allocatable(nodes[node]) - usage[node]
+            free = node_allocatable(node_object) - usage[node]
             if not requests.fits_within(free):
                 return pod_nodes, node, f"{node}: {requests.shortfall(free)}"
             usage[node] = usage[node] + requests
@@ -194,12 +215,15 @@ def decide(
 ) -> Decision:
     """Node usage counts bound pods and pods we ungated that kube-scheduler has not bound yet.
     ``extra_exclude``: nodes outside the topology domain being tried (``topology.py``)."""
-    excluded = set(static_exclusions(cache, plan)) | extra_exclude
-    nodes = {str(n["metadata"]["name"]): n for n in cache.objects(Kind.NODE)}
+    static = set(static_exclusions(cache, plan)) | extra_exclude
+    no_room = room_exclusions(cache, plan) - static
+    excluded = static | no_room
     last_shortfall = ""
     for _attempt in range(MAX_NODE_FIT_ATTEMPTS):
         chosen = allocate_groups(cache, plan.groups, policy=policy, exclude_nodes=frozenset(excluded))
         if chosen is None:
+            if not last_shortfall and no_room:
+                last_shortfall = _shortfall_elsewhere(cache, plan, frozenset(static), policy=policy)
             if not last_shortfall:
                 return Decision(outcome="unschedulable", reason="devices do not fit")
             # The devices fit only on nodes the pods' requests overflow: name what those nodes lack.
@@ -209,7 +233,7 @@ def decide(
                 reason=f"node {short} is short where the devices fit ({last_shortfall})",
                 short_of=short,
             )
-        pod_nodes, misfit, shortfall = node_fit(cache, plan, chosen, nodes)
+        pod_nodes, misfit, shortfall = node_fit(cache, plan, chosen)
         if misfit is None:
             return Decision(outcome="allocated", allocations=tuple(chosen), pod_nodes=tuple(pod_nodes))
         last_shortfall = shortfall
@@ -218,6 +242,21 @@ def decide(
     return Decision(
         outcome="unschedulable", reason=f"node {short} is short ({last_shortfall})", short_of=short
     )
+
+
+def _shortfall_elsewhere(
+    cache: ClusterCache,
+    plan: GangPlan,
+    static: frozenset[str],
+    *,
+    policy: str,
+) -> str:
+    """The devices do not fit on the nodes with room: would they fit on the others? Then name what
+    those lack (the pods wait for CPU or memory, not devices). Empty when they fit nowhere."""
+    chosen = allocate_groups(cache, plan.groups, policy=policy, exclude_nodes=static)
+    if chosen is None:
+        return ""
+    return node_fit(cache, plan, chosen)[2]
 
 
 def assume_decision(cache: ClusterCache, decision: Decision) -> None:

@@ -22,6 +22,7 @@ from driver.controller.model.objects import (
     Resources,
     is_gated,
     is_terminated,
+    node_allocatable,
     object_key,
     pod_claim_refs,
     pod_requests,
@@ -61,6 +62,15 @@ def _claim_pools(claim: dict[str, Any] | None) -> set[tuple[str, str]]:
     return {(str(r.get("driver", "")), str(r.get("pool", ""))) for r in results}
 
 
+def _slice_node(resource_slice: dict[str, Any]) -> Any:
+    return (resource_slice.get("spec") or {}).get("nodeName")
+
+
+def _placement_view(node: dict[str, Any]) -> tuple[Any, Any]:
+    """What of a Node decides which pods may go there (not its status, which changes often)."""
+    return (node.get("metadata") or {}).get("labels"), node.get("spec")
+
+
 def _uid(obj: dict[str, Any]) -> str:
     return str((obj.get("metadata") or {}).get("uid") or object_key(obj))
 
@@ -76,6 +86,10 @@ class ClusterCache:
         self._pod_claims: dict[ObjectKey, tuple[ObjectKey, ...]] = {}
         self._bound: dict[ObjectKey, tuple[str, Resources]] = {}
         self._usage: dict[str, Resources] = defaultdict(Resources)
+        self._allocatable: dict[str, Resources] = {}  # per Node, parsed once per version
+        # What depends only on the Nodes' labels and specs and on which nodes have slices (which
+        # nodes a pod spec excludes): kept across decisions, emptied when one of those changes.
+        self._exclusion_memo: dict[str, frozenset[str]] = {}
         self._placed: dict[ObjectKey, tuple[str, Resources]] = {}
         self._rejected: dict[tuple[Kind, ObjectKey], str] = {}  # objects we must not act on, and why
         # (driver, pool) -> the slices of that pool, and the claims with a result in it (as stored):
@@ -215,6 +229,10 @@ class ClusterCache:
         if kind in (Kind.SLICE, Kind.CLAIM):
             self._index_pools(kind, key, obj, old)
         if kind is Kind.SLICE:
+            if old is None or (old.get("spec") or {}).get("nodeName") != (obj.get("spec") or {}).get(
+                "nodeName"
+            ):
+                self._exclusion_memo.clear()
             self.state.upsert_slice(obj)
         elif kind is Kind.CLASS:
             self.state.upsert_class(obj)
@@ -229,7 +247,11 @@ class ClusterCache:
                 del self._assumed[key]  # the server's version wins from here on
             self.state.upsert_claim(obj)
         elif kind is Kind.NODE:
-            self.state.upsert_node(str(obj["metadata"]["name"]), dict(obj["metadata"].get("labels") or {}))
+            if old is None or _placement_view(old) != _placement_view(obj):
+                self._exclusion_memo.clear()
+            name = str(obj["metadata"]["name"])
+            self.state.upsert_node(name, dict(obj["metadata"].get("labels") or {}))
+            self._allocatable[name] = node_allocatable(obj)
         elif kind is Kind.POD:
             self._index_pod(key, obj)
 
@@ -237,6 +259,7 @@ class ClusterCache:
         if kind in (Kind.SLICE, Kind.CLAIM):
             self._index_pools(kind, key, None, old)
         if kind is Kind.SLICE:
+            self._exclusion_memo.clear()
             self.state.remove_slice(str(old["metadata"]["name"]))
         elif kind is Kind.CLASS:
             self.state.remove_class(str(old["metadata"]["name"]))
@@ -246,7 +269,9 @@ class ClusterCache:
                 self.state.remove_claim(_uid(assumed))
             self.state.remove_claim(_uid(old))
         elif kind is Kind.NODE:
+            self._exclusion_memo.clear()
             self.state.remove_node(str(old["metadata"]["name"]))
+            self._allocatable.pop(str(old["metadata"]["name"]), None)
         elif kind is Kind.POD:
             self._unindex_pod(key)
             self._drop_placement(key)
@@ -405,3 +430,25 @@ class ClusterCache:
         """Requests of the non-terminated pods bound to ``node`` or placed there by us."""
         with self.lock:
             return self._usage.get(node, Resources())
+
+    def exclusion_memo(self) -> dict[str, frozenset[str]]:
+        """A scratch dict for node sets computed from the Nodes' labels and specs and from which
+        nodes have slices only; emptied whenever one of those changes (not on status updates)."""
+        return self._exclusion_memo
+
+    def nodes_without_room(self, requests: Resources) -> frozenset[str]:
+        """Nodes whose allocatable, less what is bound or placed there, cannot take ``requests``."""
+        cpu, memory, pods = requests.cpu_millis, requests.memory_bytes, requests.pods
+        short = []
+        with self.lock:
+            usage = self._usage
+            nothing = Resources()
+            for node, allocatable in self._allocatable.items():
+                used = usage.get(node, nothing)
+                if (
+                    cpu > allocatable.cpu_millis - used.cpu_millis
+                    or memory > allocatable.memory_bytes - used.memory_bytes
+                    or pods > allocatable.pods - used.pods
+                ):
+                    short.append(node)
+        return frozenset(short)
