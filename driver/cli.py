@@ -294,7 +294,9 @@ def _build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("controller", help="run the allocation controller")
     _add_kubeconfig(p)
-    p.add_argument("--policy", default=_env("--policy", "best-fit"), help="best-fit | first-fit")
+    p.add_argument(
+        "--policy", default=_env("--policy", "best-fit"), help="best-fit | first-fit | fragmentation"
+    )
     p.add_argument(
         "--leader-elect",
         action="store_true",
@@ -384,7 +386,9 @@ def _build_parser() -> argparse.ArgumentParser:
         "--claims", default=_env("--claims", None), required=env_name("--claims") not in os.environ,
         help="YAML: a gangs document, or ResourceClaims/templates with the workloads that use them",
     )  # fmt: skip
-    p.add_argument("--policy", default=_env("--policy", "best-fit"), help="best-fit | first-fit")
+    p.add_argument(
+        "--policy", default=_env("--policy", "best-fit"), help="best-fit | first-fit | fragmentation"
+    )
     p.add_argument("-o", "--output", default=_env("--output", "table"), help="table | yaml | json")
     p.add_argument(
         "--kueue", action="store_true", default=_env_bool("--kueue"),
@@ -430,7 +434,9 @@ def _build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("why", help="why a pod is still gated or pending")
     p.add_argument("pod", metavar="NAMESPACE/POD")
     _add_kubeconfig(p)
-    p.add_argument("--policy", default=_env("--policy", "best-fit"), help="best-fit | first-fit")
+    p.add_argument(
+        "--policy", default=_env("--policy", "best-fit"), help="best-fit | first-fit | fragmentation"
+    )
     _add_common(p, default_level="warning")
     return parser
 

@@ -27,7 +27,7 @@ __all__ = [
 
 BACKENDS = ("fake", "nvml")
 SHARING_BACKENDS = ("mps", "hami", "none")
-POLICIES = ("best-fit", "first-fit")
+POLICIES = ("fragmentation", "best-fit", "first-fit")
 DEFAULT_IGNORED_XIDS = (13, 31, 43, 45, 68, 109)
 
 

@@ -850,7 +850,7 @@ def place_many(
         raise AllocationError(f"pod_groups: {len(pod_groups)} entries for {len(raw_groups)} groups")
     if not isinstance(exclude_nodes, (set, frozenset)) and len(exclude_nodes) != len(raw_groups):
         raise AllocationError(f"exclude_nodes: {len(exclude_nodes)} entries for {len(raw_groups)} groups")
-    best_fit = policy == "best-fit"
+    best_fit = policy != "first-fit"
     scale = state.capacity_scale()
     groups: list[_Group] = []
     for index, raw_claims in enumerate(raw_groups):

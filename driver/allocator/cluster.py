@@ -8,18 +8,53 @@ groups at once (``batch``). Data lives below in ``state``; the decisions above i
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from driver.allocator.batch import place_many
+from driver.allocator.fragmentation import Fragmentation, Workload, shape_of
 from driver.allocator.placement import parse_claims, pod_groups_of, render_placed, solve
 from driver.allocator.state import ClusterData
+from driver.errors import AllocationError
 
 __all__ = ["ClusterState"]
 
 
 class ClusterState(ClusterData):
     """The allocator's view of the cluster, updated incrementally; see ``driver.allocator``."""
+
+    def __init__(self, topology_label: str = "topology.kubernetes.io/zone") -> None:
+        super().__init__(topology_label)
+        self.workload = Workload()
+        self._fragmentation = Fragmentation(self, self.workload)
+
+    def learn(self, claims: Sequence[Mapping[str, Any]], *, cpu_millis: int) -> None:
+        """Count one placed pod (its claims and CPU) in the typical workload (``fragmentation``)."""
+        try:
+            parsed = parse_claims(self, claims, "best-fit")
+        except AllocationError:
+            return
+        found = shape_of(parsed, cpu_millis)
+        if found is not None:
+            self.workload.observe(*found)
+
+    def rank_nodes(
+        self,
+        claims: Sequence[Mapping[str, Any]],
+        *,
+        cpu_millis: int,
+        cpu_free: Callable[[str], int],
+        exclude_nodes: frozenset[str] | set[str] = frozenset(),
+    ) -> list[str]:
+        """Nodes for one pod's ``claims`` (its CPU ``cpu_millis``; ``cpu_free`` per node), the least
+        added fragment first (``fragmentation``). Empty when the pod is not of a shape the model
+        scores or nothing is learned yet: the caller then lets ``allocate`` choose."""
+        parsed = parse_claims(self, claims, "best-fit")
+        found = shape_of(parsed, cpu_millis)
+        if found is None:
+            return []
+        nodes = [n for n in self.node_names() if n not in exclude_nodes]
+        return self._fragmentation.rank(found[0], found[1], nodes, cpu_free)
 
     def allocate(
         self,
@@ -37,7 +72,12 @@ class ClusterState(ClusterData):
             return []
         groups = pod_groups_of(pod_groups, len(parsed), node)
         placed = solve(
-            self, parsed, node=node, best_fit=policy == "best-fit", groups=groups, exclude_nodes=exclude_nodes
+            self,
+            parsed,
+            node=node,
+            best_fit=policy != "first-fit",
+            groups=groups,
+            exclude_nodes=exclude_nodes,
         )
         return None if placed is None else render_placed(parsed, groups, placed, rng)
 

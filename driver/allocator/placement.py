@@ -31,7 +31,20 @@ from driver.allocator.search import BudgetExceeded, NodeSearch, Solution, distin
 from driver.allocator.state import ClusterData, LedgerEntry
 from driver.errors import AllocationError
 
-__all__ = ["Placed", "hold_solutions", "ledger_of", "parse_claims", "pod_groups_of", "render_placed", "solve"]
+__all__ = [
+    "POLICIES",
+    "Placed",
+    "hold_solutions",
+    "ledger_of",
+    "parse_claims",
+    "pod_groups_of",
+    "render_placed",
+    "solve",
+]
+
+POLICIES = ("fragmentation", "best-fit", "first-fit")
+"""``fragmentation`` ranks the nodes of a one-claim pod by ``ClusterState.rank_nodes`` (the caller
+asks); everything the allocator chooses itself under it is chosen as under ``best-fit``."""
 
 BEST_FIT_BUDGET = 20_000
 SINGLE_NODE_GANG_BUDGET = 2_000  # a non-final attempt: the gang is placed pod by pod next
@@ -84,8 +97,8 @@ Placed = list[tuple[str, Solution]]  # per pod group: (node, solution of its cla
 
 
 def parse_claims(state: ClusterData, raw_claims: Sequence[Mapping[str, Any]], policy: str) -> list[Claim]:
-    if policy not in ("best-fit", "first-fit"):
-        raise AllocationError(f"policy: unknown policy {policy!r} (expected best-fit or first-fit)")
+    if policy not in POLICIES:
+        raise AllocationError(f"policy: unknown policy {policy!r} (expected {', '.join(POLICIES)})")
     state.refresh()
     return [parse_claim(raw, state.classes) for raw in raw_claims]
 

@@ -127,3 +127,28 @@ def test_exclusions_follow_node_label_changes_but_not_status_updates() -> None:
     [decision] = decide_all(cache, [plan_gang(cache, cache.gang_key(pod))], policy="best-fit")
     assert isinstance(decision, Decision) and decision.outcome == "allocated"
     assert [node for _, node in decision.pod_nodes] == ["b"]
+
+
+def test_the_fragmentation_policy_learns_from_its_decisions_and_follows_its_ranking() -> None:
+    cache = _cluster([("a", "h100-8x", "64"), ("b", "h100-8x", "64"), ("c", "l4-2x", "16")])
+    policy = "fragmentation"
+    for index in range(20):
+        pod = gated_pod(f"usual-{index}", [f"usual-{index}"], cpu="1")
+        decision = _decide_with(cache, gpu_claim(f"usual-{index}", memory="30Gi", compute=None), pod, policy)
+        assert decision.outcome == "allocated", decision.reason
+    assert cache.state.workload.observed == 20 and cache.state.workload.typical()
+    claim = gpu_claim("small", memory="8Gi", compute=None)
+    ranked = cache.state.rank_nodes(
+        [claim], cpu_millis=1000, cpu_free=cache.cpu_free, exclude_nodes=frozenset()
+    )
+    assert ranked, "a learned workload ranks the nodes"
+    decision = _decide_with(cache, claim, gated_pod("small", ["small"], cpu="1"), policy)
+    assert [node for _, node in decision.pod_nodes] == ranked[:1]
+
+
+def _decide_with(cache: ClusterCache, claim: dict[str, Any], pod: dict[str, Any], policy: str) -> Decision:
+    cache.apply(Kind.CLAIM, "ADDED", _stamp(copy.deepcopy(claim)))
+    cache.apply(Kind.POD, "ADDED", _stamp(copy.deepcopy(pod)))
+    [decision] = decide_all(cache, [plan_gang(cache, cache.gang_key(pod))], policy=policy)
+    assert isinstance(decision, Decision)
+    return decision

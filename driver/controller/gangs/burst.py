@@ -12,6 +12,7 @@ from typing import Any
 
 from driver.allocator import GroupAllocationError
 from driver.controller.gangs.decide import (
+    FRAGMENTATION,
     Decision,
     Exclusions,
     assume_decision,
@@ -67,7 +68,7 @@ def _burst(
         i for i, plan in enumerate(plans)
         if plan.topology_key is None and not any(g.pinned_node or g.conflict for g in plan.groups)
     ]  # fmt: skip
-    if len(batch) > 1:
+    if len(batch) > 1 and policy != FRAGMENTATION:  # it ranks each pod's nodes in turn
         exclusions = Exclusions(cache)
         while batch:
             groups, pod_groups, excludes = [], [], []

@@ -18,6 +18,7 @@ from driver.controller.model.objects import (
     allocation_node,
     node_allocatable,
     object_key,
+    pod_claim_refs,
     pod_requests,
 )
 from driver.controller.view.cache import ClusterCache, Kind
@@ -37,6 +38,8 @@ __all__ = [
 ]
 
 MAX_NODE_FIT_ATTEMPTS = 8
+FRAGMENTATION = "fragmentation"  # the policy that ranks a pod's nodes by the fragment it adds
+RANKED_TRIES = 4  # ranked nodes tried before the best-fit path decides
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,6 +221,10 @@ def decide(
     static = set(static_exclusions(cache, plan)) | extra_exclude
     no_room = room_exclusions(cache, plan) - static
     excluded = static | no_room
+    if policy == FRAGMENTATION:
+        ranked = _ranked_decision(cache, plan, frozenset(excluded))
+        if ranked is not None:
+            return ranked
     last_shortfall = ""
     for _attempt in range(MAX_NODE_FIT_ATTEMPTS):
         chosen = allocate_groups(cache, plan.groups, policy=policy, exclude_nodes=frozenset(excluded))
@@ -244,6 +251,32 @@ def decide(
     )
 
 
+def _ranked_decision(cache: ClusterCache, plan: GangPlan, excluded: frozenset[str]) -> Decision | None:
+    """One pod's claims on the node that adds the least fragment (``ClusterState.rank_nodes``): the
+    first of the best ``RANKED_TRIES`` where its claims allocate. None when the plan is not one free
+    pod, the model does not score its shape, or no ranked node takes it: the caller decides as
+    best-fit does."""
+    if len(plan.groups) != 1:
+        return None
+    group = plan.groups[0]
+    if len(group.pods) != 1 or group.pinned_node or group.conflict or not group.pending_claims:
+        return None
+    claims = list(group.pending_claims)
+    requests = pod_requests(group.pods[0])
+    ranked = cache.state.rank_nodes(
+        claims, cpu_millis=requests.cpu_millis, cpu_free=cache.cpu_free, exclude_nodes=excluded
+    )
+    for node in ranked[:RANKED_TRIES]:
+        result = cache.state.allocate(claims, node=node, policy=FRAGMENTATION)
+        if result is None:
+            continue
+        chosen = list(zip(claims, result, strict=True))
+        pod_nodes, misfit, _ = node_fit(cache, plan, chosen)
+        if misfit is None:
+            return Decision(outcome="allocated", allocations=tuple(chosen), pod_nodes=tuple(pod_nodes))
+    return None
+
+
 def _shortfall_elsewhere(
     cache: ClusterCache,
     plan: GangPlan,
@@ -263,6 +296,12 @@ def assume_decision(cache: ClusterCache, decision: Decision) -> None:
     """Count an allocated decision at once (devices, and the pods' CPU/memory on their nodes), so the
     next decision sees it while the writers are still writing it."""
     cache.assume_allocations(list(decision.allocations))
+    claims = {str(object_key(claim)): claim for claim, _ in decision.allocations}
     for pod, node in decision.pod_nodes:
         if node:
-            cache.assume_placement(str(object_key(pod)), node, pod_requests(pod))
+            requests = pod_requests(pod)
+            cache.assume_placement(str(object_key(pod)), node, requests)
+            namespace = pod["metadata"].get("namespace")
+            own = [claims[k] for r in pod_claim_refs(pod) if (k := f"{namespace}/{r.claim_name}") in claims]
+            if own:
+                cache.state.learn(own, cpu_millis=requests.cpu_millis)

@@ -436,6 +436,13 @@ class ClusterCache:
         nodes have slices only; emptied whenever one of those changes (not on status updates)."""
         return self._exclusion_memo
 
+    def cpu_free(self, node: str) -> int:
+        """CPU millicores of ``node`` that no bound or placed pod requests (allocatable less usage)."""
+        allocatable = self._allocatable.get(node)
+        if allocatable is None:
+            return 0
+        return allocatable.cpu_millis - self._usage.get(node, Resources()).cpu_millis
+
     def nodes_without_room(self, requests: Resources) -> frozenset[str]:
         """Nodes whose allocatable, less what is bound or placed there, cannot take ``requests``."""
         cpu, memory, pods = requests.cpu_millis, requests.memory_bytes, requests.pods
