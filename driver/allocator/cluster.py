@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from driver.allocator.batch import place_many
-from driver.allocator.fragmentation import Fragmentation, Workload, shape_of
+from driver.allocator.fragmentation import WHOLE, Fragmentation, Shape, Workload, shape_of
 from driver.allocator.placement import parse_claims, pod_groups_of, render_placed, solve
 from driver.allocator.state import ClusterData
 from driver.errors import AllocationError
@@ -55,6 +55,13 @@ class ClusterState(ClusterData):
             return []
         nodes = [n for n in self.node_names() if n not in exclude_nodes]
         return self._fragmentation.rank(found[0], found[1], nodes, cpu_free)
+
+    def rank_nodes_without_devices(
+        self, *, cpu_millis: int, cpu_free: Callable[[str], int], nodes: Sequence[str]
+    ) -> list[str]:
+        """``nodes`` for a pod that asks for no devices, the least device memory its CPU strands for
+        the typical workload first (``fragmentation``); empty until a workload is learned."""
+        return self._fragmentation.rank(Shape(cpu_millis, 0, WHOLE, ()), None, nodes, cpu_free)
 
     def allocate(
         self,

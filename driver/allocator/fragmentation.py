@@ -149,7 +149,7 @@ class Fragmentation:
         self._typical: tuple[tuple[Shape, float], ...] = ()
         self._weighted: list[tuple[int, int, int, int, float]] = []  # cpu, devices, memory, selector, weight
         self._selectors: list[tuple[Any, ...]] = []  # distinct selectors: the typical shapes', then pods'
-        self._requests: dict[tuple[Any, ...], Request] = {}
+        self._requests: dict[tuple[Any, ...], Request | None] = {}
         self._accepts: dict[tuple[tuple[Any, ...], Any], bool] = {}
         self._nodes: dict[str, tuple[Any, int, _State]] = {}  # node -> (its version, CPU free, state)
         self._scores: dict[tuple[_State, Shape], float | None] = {}
@@ -170,7 +170,9 @@ class Fragmentation:
         self._nodes.clear()
         self._scores.clear()
 
-    def _accepts_device(self, selector: tuple[Any, ...], request: Request, device: Device) -> bool:
+    def _accepts_device(self, selector: tuple[Any, ...], request: Request | None, device: Device) -> bool:
+        if request is None:
+            return True  # a pod without devices: its selector is never asked about
         key = (selector, device.id)
         cached = self._accepts.get(key)
         if cached is None:
@@ -186,7 +188,7 @@ class Fragmentation:
     # ------------------------------------------------------------ node states
 
     def _node_state(
-        self, node: str, cpu_free: int, pod_selector: tuple[Any, ...], request: Request
+        self, node: str, cpu_free: int, pod_selector: tuple[Any, ...], request: Request | None
     ) -> _State:
         version = self.state.node_version(node)
         held = self._nodes.get(node)
@@ -269,13 +271,14 @@ class Fragmentation:
     def rank(
         self,
         shape: Shape,
-        request: Request,
+        request: Request | None,
         nodes: Iterable[str],
         cpu_free: Callable[[str], int],
     ) -> list[str]:
         """``nodes`` that can take the pod's devices and CPU, best first: those scored (the least
-        added fragment, then the best fit), then the rest in best-fit order. Empty when the
-        workload is not learned yet (the caller keeps its own order)."""
+        added fragment, ties in one fixed node order), then the rest in best-fit order. Empty when
+        the workload is not learned yet (the caller keeps its own order). ``request``: the pod's
+        device request (None for a pod without devices, ``shape.devices`` 0)."""
         self._refresh()
         if not self._typical:
             return []

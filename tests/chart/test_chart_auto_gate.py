@@ -18,11 +18,13 @@ POLICY = f"{RELEASE}-scheduling-gate"
 LABEL = "fractional.dev/auto-gate"
 
 
-def _gate_objects(values: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
+def _gate_objects(values: dict[str, Any] | None = None, name: str = POLICY) -> dict[str, dict[str, Any]]:
+    """The policy called ``name`` and its binding, by kind."""
     return {
         obj["kind"]: obj
         for obj in render_chart(values)
         if obj["kind"] in ("MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding")
+        and obj["metadata"]["name"] == name
     }
 
 
@@ -43,6 +45,25 @@ def test_the_default_install_gates_pods_with_claims() -> None:
     assert "nodeName" in conditions["notBoundToANode"]
     (mutation,) = spec["mutations"]
     assert mutation["patchType"] == "ApplyConfiguration"
+    assert f'name: "{GATE}"' in mutation["applyConfiguration"]["expression"]
+
+
+def test_pods_without_claims_are_gated_only_in_namespaces_that_opt_in() -> None:
+    objects = _gate_objects(name=f"{POLICY}-all-pods")
+    policy, binding = objects["MutatingAdmissionPolicy"], objects["MutatingAdmissionPolicyBinding"]
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    spec = policy["spec"]
+    assert spec["failurePolicy"] == "Ignore"
+    namespace_rules = spec["matchConstraints"]["namespaceSelector"]["matchExpressions"]
+    assert {"key": "fractional.dev/placement", "operator": "In", "values": ["all-pods"]} in namespace_rules
+    assert {"key": LABEL, "operator": "NotIn", "values": ["disabled"]} in namespace_rules
+    # never the release's own namespace: the controller's pods must not wait for the controller
+    (names,) = [r for r in namespace_rules if r["key"] == "kubernetes.io/metadata.name"]
+    assert names["operator"] == "NotIn" and {"fractional-system", "kube-system"} <= set(names["values"])
+    conditions = {c["name"]: c["expression"] for c in spec["matchConditions"]}
+    assert set(conditions) == {"usesNoResourceClaims", "notBoundToANode", "notADaemonSetPod"}
+    assert "DaemonSet" in conditions["notADaemonSetPod"]
+    (mutation,) = spec["mutations"]
     assert f'name: "{GATE}"' in mutation["applyConfiguration"]["expression"]
 
 

@@ -107,9 +107,10 @@ def test_renders_every_component(values_name: str) -> None:
         # claims (the agent's claim-status policy only before 1.36; Helm renders offline for 1.36).
         "ValidatingAdmissionPolicy": 5,
         "ValidatingAdmissionPolicyBinding": 5,
-        # The scheduling gate added to pods with claims (autoGate).
-        "MutatingAdmissionPolicy": 1,
-        "MutatingAdmissionPolicyBinding": 1,
+        # The scheduling gate added to pods with claims, and to pods without claims in namespaces
+        # that opt in (autoGate).
+        "MutatingAdmissionPolicy": 2,
+        "MutatingAdmissionPolicyBinding": 2,
         "PodDisruptionBudget": 1,
     }.items():
         assert kinds.count(kind) == count, f"{values_name}: {kind} x{kinds.count(kind)}"

@@ -465,6 +465,9 @@ def test_the_controllers_own_writes_pass(
     api.ungate_pod(pod)
     ungated = record("ungate", pods, pod)
     assert ungated["spec"]["schedulingGates"] == [{"name": "example.com/quota-check"}]
+    api.ungate_pod(pod, pin=("kubernetes.io/hostname", NODE))
+    pinned = record("ungate and pin a pod without devices", pods, pod)
+    assert pinned["spec"]["nodeSelector"]["kubernetes.io/hostname"] == NODE
 
     fresh = claim()
     api.add_finalizer(fresh)
@@ -521,6 +524,21 @@ def in_metadata(key: str, value: Any) -> Callable[[Obj], None]:
     return change
 
 
+def _ungate_and_pin(pod: Obj, value: str = NODE, key: str = "kubernetes.io/hostname") -> None:
+    pod["spec"]["schedulingGates"] = [g for g in pod["spec"]["schedulingGates"] if g["name"] != GATE] or None
+    if pod["spec"]["schedulingGates"] is None:
+        del pod["spec"]["schedulingGates"]
+    pod["spec"].setdefault("nodeSelector", {})[key] = value
+
+
+def _with_selector(hostname: str | None = None) -> Obj:
+    pod = only_our_gate()
+    pod["spec"]["nodeSelector"] = {"pool": "inference"}
+    if hostname:
+        pod["spec"]["nodeSelector"]["kubernetes.io/hostname"] = hostname
+    return pod
+
+
 def with_hint() -> Obj:
     pod = gated_pod()
     pod["metadata"]["annotations"][HINT_ANNOTATION] = '{"nodes":1}'
@@ -534,6 +552,11 @@ POD_ALLOWED: dict[str, tuple[Callable[[], Obj], Callable[[Obj], None]]] = {
         in_spec("schedulingGates", [{"name": "example.com/quota-check"}]),
     ),
     "remove our gate, the only one": (only_our_gate, in_spec("schedulingGates", None)),
+    "remove our gate and pin the node (a pod without devices)": (only_our_gate, _ungate_and_pin),
+    "remove our gate and pin the node beside the pod's own nodeSelector": (
+        _with_selector,
+        _ungate_and_pin,
+    ),
     "add the scale-up hint": (gated_pod, annotate(HINT_ANNOTATION, '{"nodes":2}')),
     "change the scale-up hint": (with_hint, annotate(HINT_ANNOTATION, '{"nodes":3}')),
     "remove the scale-up hint": (with_hint, annotate(HINT_ANNOTATION, None)),
@@ -575,6 +598,17 @@ POD_FORBIDDEN: dict[str, tuple[Callable[[], Obj], Callable[[Obj], None], str]] =
         gated_pod,
         in_spec("nodeSelector", {"kubernetes.io/hostname": "gpu-node-9"}),
         "spec",
+    ),
+    "pin by another label while ungating": (
+        only_our_gate,
+        lambda pod: _ungate_and_pin(pod, key="topology.kubernetes.io/zone", value="a"),
+        "spec.nodeSelector",
+    ),
+    "re-pin a pod pinned already": (lambda: _with_selector(OTHER_NODE), _ungate_and_pin, "spec.nodeSelector"),
+    "change the pod's nodeSelector while pinning": (
+        _with_selector,
+        lambda pod: (_ungate_and_pin(pod), pod["spec"]["nodeSelector"].update(pool="training")),
+        "spec.nodeSelector",
     ),
     "remove our gate and change the image": (
         gated_pod,

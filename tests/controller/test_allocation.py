@@ -227,3 +227,37 @@ def test_pod_that_fits_no_node_cpu_is_not_allocated(
     controller()
     wait_for(lambda: cluster.ungated("cpu-heavy"), what="allocated")
     assert _placement(cluster, "cpu-heavy")[0] == "b-large"
+
+
+def test_a_gated_pod_without_claims_is_pinned_to_the_node_we_chose_as_its_gate_comes_off(
+    cluster: Cluster, controller: Callable[..., RunningController]
+) -> None:
+    """A namespace opted in (fractional.dev/placement=all-pods) has its pods without claims gated:
+    we choose the node (best-fit: where GPUs are taken already) and pin the pod there with a
+    nodeSelector on the node's hostname label, in the same write that removes the gate (a gated
+    pod may narrow where it runs; the emulator, like kube-apiserver, allows only additions)."""
+    cluster.add_node("node-a", "l4-2x")
+    cluster.add_node("node-b", "l4-2x")
+    cluster.create_claim(gpu_claim("whole", memory=None, compute=None, count=2))
+    whole = gated_pod("whole", ["whole"])
+    whole["spec"]["nodeSelector"] = {"kubernetes.io/hostname": "node-b"}
+    cluster.create_pod(whole)
+    controller()
+    wait_for(lambda: cluster.ungated("whole"), what="the GPU pod placed")
+    cluster.create_pod(gated_pod("cpu-only", [], cpu="2"))
+    wait_for(lambda: cluster.ungated("cpu-only"), what="the pod without claims ungated")
+    assert cluster.pod("cpu-only")["spec"]["nodeSelector"] == {"kubernetes.io/hostname": "node-b"}
+
+
+def test_a_gated_pod_without_claims_that_fits_nowhere_waits_with_an_event_naming_cpu(
+    cluster: Cluster, controller: Callable[..., RunningController]
+) -> None:
+    cluster.add_node("node-a", "l4-2x", cpu="2")
+    cluster.create_pod(gated_pod("too-big", [], cpu="8"))
+    controller()
+    (event,) = wait_for(
+        lambda: [e for e in cluster.events() if e["reason"] == "GangUnschedulable"][-1:],
+        what="an Event for the pod without claims",
+    )
+    assert "CPU" in event["message"] or "cpu" in event["message"], event["message"]
+    assert not cluster.ungated("too-big")

@@ -152,3 +152,64 @@ def _decide_with(cache: ClusterCache, claim: dict[str, Any], pod: dict[str, Any]
     [decision] = decide_all(cache, [plan_gang(cache, cache.gang_key(pod))], policy=policy)
     assert isinstance(decision, Decision)
     return decision
+
+
+def test_a_pod_without_devices_goes_where_the_gpus_are_taken_already_best_fit() -> None:
+    # "busy" has its only GPU's memory taken whole: a CPU-only pod there strands nothing; "idle" keeps
+    # its CPU for the GPU pods its free GPUs will take.
+    cache = _cluster([("busy", "l4-2x", "32"), ("idle", "l4-2x", "32")])
+    for index in range(2):
+        filler = gated_pod(f"fill-{index}", [f"fill-{index}"], cpu="0")
+        filler["spec"]["nodeSelector"] = {"kubernetes.io/hostname": "busy"}
+        decision = _decide(cache, gpu_claim(f"fill-{index}", memory=None, compute=None), filler)
+        assert [node for _, node in decision.pod_nodes] == ["busy"]
+        _bind(cache, filler, "busy")
+    pod = gated_pod("cpu-only", [], cpu="4")
+    cache.apply(Kind.POD, "ADDED", _stamp(copy.deepcopy(pod)))
+    plan = plan_gang(cache, cache.gang_key(pod))
+    assert plan.action == "allocate", "a lone gated pod without claims is decided, not just ungated"
+    [decision] = decide_all(cache, [plan], policy="best-fit")
+    assert isinstance(decision, Decision) and decision.outcome == "allocated"
+    assert decision.allocations == () and [node for _, node in decision.pod_nodes] == ["busy"]
+
+
+def test_a_pod_without_devices_and_without_room_anywhere_waits_for_cpu() -> None:
+    cache = _cluster([("a", "l4-2x", "2"), ("b", "l4-2x", "2")])
+    pod = gated_pod("cpu-only", [], cpu="4")
+    cache.apply(Kind.POD, "ADDED", _stamp(copy.deepcopy(pod)))
+    [decision] = decide_all(cache, [plan_gang(cache, cache.gang_key(pod))], policy="best-fit")
+    assert isinstance(decision, Decision) and decision.outcome == "unschedulable"
+    assert decision.short_of == "CPU" and "no node has room" in decision.reason
+
+
+def test_a_pod_without_devices_respects_its_own_node_selector_and_nodes_need_a_hostname_label() -> None:
+    cache = _cluster([("a", "l4-2x", "32"), ("b", "l4-2x", "32"), ("c", "l4-2x", "32")])
+    unlabelled = _node("c", "32")
+    del unlabelled["metadata"]["labels"]["kubernetes.io/hostname"]
+    cache.apply(Kind.NODE, "MODIFIED", unlabelled)
+    pod = gated_pod("cpu-only", [], cpu="1")
+    pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": "b"}
+    cache.apply(Kind.POD, "ADDED", _stamp(copy.deepcopy(pod)))
+    [decision] = decide_all(cache, [plan_gang(cache, cache.gang_key(pod))], policy="first-fit")
+    assert isinstance(decision, Decision) and [node for _, node in decision.pod_nodes] == ["b"]
+    free = gated_pod("free", [], cpu="1")
+    cache.apply(Kind.POD, "ADDED", _stamp(copy.deepcopy(free)))
+    for policy in ("first-fit", "best-fit", "fragmentation"):
+        [decision] = decide_all(cache, [plan_gang(cache, cache.gang_key(free))], policy=policy)
+        assert isinstance(decision, Decision) and decision.pod_nodes[0][1] in ("a", "b"), policy
+
+
+def test_the_fragmentation_policy_keeps_cpu_beside_free_gpus_for_the_usual_gpu_pods() -> None:
+    # Usual pods: a whole GPU and 12 CPUs. A 16-CPU pod without devices on a GPU node (24 CPUs, 2 free
+    # GPUs) leaves 8 CPUs and strands both GPUs there; on "cpus" (a node without GPUs) it strands nothing.
+    cache = _cluster([("gpus", "l4-2x", "24"), ("other", "l4-2x", "24")])
+    cache.apply(Kind.NODE, "ADDED", _node("cpus", "64"))
+    for index in range(16):
+        pod = gated_pod(f"usual-{index}", [f"usual-{index}"], cpu="12")
+        claim = gpu_claim(f"usual-{index}", memory=None, compute=None)
+        cache.state.learn([claim], cpu_millis=12_000)
+        del pod, claim
+    pod = gated_pod("cpu-only", [], cpu="16")
+    cache.apply(Kind.POD, "ADDED", _stamp(copy.deepcopy(pod)))
+    [decision] = decide_all(cache, [plan_gang(cache, cache.gang_key(pod))], policy="fragmentation")
+    assert isinstance(decision, Decision) and [node for _, node in decision.pod_nodes] == ["cpus"]

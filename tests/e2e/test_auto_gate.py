@@ -151,3 +151,48 @@ def test_a_pod_gated_while_the_controller_was_down_runs_when_it_is_back(
         assert get("pod", "later", user_namespace)["spec"]["schedulingGates"] == [{"name": GATE}]
     wait_for(lambda: running("later", user_namespace), timeout=POD_START_SECONDS, what="pod later running")
     assert _placed_by_our_controller(_claim_of("later", user_namespace))
+
+
+def _cpu_pod(name: str, *, owner: dict[str, Any] | None = None) -> dict[str, Any]:
+    body = pod(name, {})
+    body["spec"].pop("resourceClaims")
+    body["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "100m", "memory": "32Mi"}}
+    if owner:
+        body["metadata"]["ownerReferences"] = [owner]
+    return body
+
+
+def _dry_run_gates(body: dict[str, Any], namespace: str) -> list[str]:
+    dry_run = ("create", "-n", namespace, "--dry-run=server", "-o", "json", "-f", "-")
+    admitted = json.loads(kubectl(*dry_run, stdin=json.dumps(body)))
+    return [g["name"] for g in admitted["spec"].get("schedulingGates", [])]
+
+
+def test_a_namespace_that_opts_in_has_its_pods_without_claims_placed_and_pinned_by_our_controller(
+    user_namespace: str, policy_served: bool
+) -> None:
+    if not policy_served:
+        pytest.skip("this cluster serves no MutatingAdmissionPolicy (the chart installs none)")
+    label = "fractional.dev/placement"
+    assert _dry_run_gates(_cpu_pod("dry-cpu"), user_namespace) == [], "not before the namespace opts in"
+    kubectl("label", "namespace", user_namespace, f"{label}=all-pods")
+    try:
+        assert _dry_run_gates(_cpu_pod("dry-cpu"), user_namespace) == [GATE]
+        daemon = {
+            "apiVersion": "apps/v1",
+            "kind": "DaemonSet",
+            "name": "agent",
+            "uid": "0" * 8 + "-0000-0000-0000-" + "0" * 12,
+        }
+        assert _dry_run_gates(_cpu_pod("dry-daemon", owner=daemon), user_namespace) == [], (
+            "never a DaemonSet's pod"
+        )
+        apply([_cpu_pod("cpu-only")], user_namespace)
+        wait_for(lambda: running("cpu-only", user_namespace), timeout=POD_START_SECONDS, what="pod cpu-only")
+        stored = get("pod", "cpu-only", user_namespace)
+        assert stored["spec"].get("schedulingGates") is None
+        node = get("node", stored["spec"]["nodeName"])
+        pinned = stored["spec"]["nodeSelector"]["kubernetes.io/hostname"]
+        assert pinned == node["metadata"]["labels"]["kubernetes.io/hostname"], "runs where we pinned it"
+    finally:
+        kubectl("label", "namespace", user_namespace, f"{label}-")

@@ -142,6 +142,9 @@ that other nodes may share. Include with (dict "enabled" .Values.agent.hostNetwo
 {{/* The label that opts a namespace or a pod out of the gate's policy (value "disabled"). */}}
 {{- define "fractional-dra.autoGateLabel" -}}fractional.dev/auto-gate{{- end -}}
 
+{{/* A namespace labelled with it =all-pods has its pods without claims gated too (the controller places them). */}}
+{{- define "fractional-dra.placementLabel" -}}fractional.dev/placement{{- end -}}
+
 {{/*
 The API version of MutatingAdmissionPolicy to install the gate's policy with, or nothing:
 autoGate.apiVersion when set; else v1 from Kubernetes 1.36 (or wherever the cluster serves it),

@@ -19,6 +19,7 @@ from driver.controller.gangs.decide import (
     decide,
     node_fit,
     room_exclusions,
+    without_devices,
 )
 from driver.controller.gangs.plan import GangPlan
 from driver.controller.gangs.topology import decide_in_domains
@@ -67,6 +68,7 @@ def _burst(
     batch = [
         i for i, plan in enumerate(plans)
         if plan.topology_key is None and not any(g.pinned_node or g.conflict for g in plan.groups)
+        and not without_devices(plan)
     ]  # fmt: skip
     if len(batch) > 1 and policy != FRAGMENTATION:  # it ranks each pod's nodes in turn
         exclusions = Exclusions(cache)

@@ -35,9 +35,11 @@ __all__ = [
     "short_dimension",
     "static_exclusions",
     "tentative_allocations",
+    "without_devices",
 ]
 
 MAX_NODE_FIT_ATTEMPTS = 8
+HOSTNAME_LABEL = "kubernetes.io/hostname"  # what a pod without devices is pinned by
 FRAGMENTATION = "fragmentation"  # the policy that ranks a pod's nodes by the fragment it adds
 RANKED_TRIES = 4  # ranked nodes tried before the best-fit path decides
 
@@ -139,7 +141,8 @@ class Exclusions:
             orphans = self._by_spec["orphans"] = frozenset(name for name in slice_nodes if name not in nodes)
         self._orphans = orphans
 
-    def _rejecting(self, pod: dict[str, Any]) -> frozenset[str]:
+    def rejecting(self, pod: dict[str, Any]) -> frozenset[str]:
+        """Nodes kube-scheduler would not put ``pod`` on (``nodefit.node_rejection``)."""
         spec = pod.get("spec") or {}
         key = repr((spec.get("nodeSelector"), spec.get("affinity"), spec.get("tolerations")))
         found = self._by_spec.get(key)
@@ -154,7 +157,7 @@ class Exclusions:
         for group in plan.groups:
             if group.pending_claims:
                 for pod in group.pods:
-                    excluded |= self._rejecting(pod)
+                    excluded |= self.rejecting(pod)
         return frozenset(excluded)
 
 
@@ -218,6 +221,10 @@ def decide(
 ) -> Decision:
     """Node usage counts bound pods and pods we ungated that kube-scheduler has not bound yet.
     ``extra_exclude``: nodes outside the topology domain being tried (``topology.py``)."""
+    if without_devices(plan):
+        pod = plan.groups[0].pods[0]
+        rejecting = Exclusions(cache).rejecting(pod) | cache.nodes_without_room(pod_requests(pod))
+        return _node_for_pod_without_devices(cache, plan, rejecting | extra_exclude, policy=policy)
     static = set(static_exclusions(cache, plan)) | extra_exclude
     no_room = room_exclusions(cache, plan) - static
     excluded = static | no_room
@@ -249,6 +256,50 @@ def decide(
     return Decision(
         outcome="unschedulable", reason=f"node {short} is short ({last_shortfall})", short_of=short
     )
+
+
+def without_devices(plan: GangPlan) -> bool:
+    """One gated pod that asks for no devices at all (it carries our gate: its namespace opted in)."""
+    if len(plan.groups) != 1 or len(plan.groups[0].pods) != 1:
+        return False
+    group = plan.groups[0]
+    return not group.pending_claims and group.pinned_node is None and not pod_claim_refs(group.pods[0])
+
+
+def _node_for_pod_without_devices(
+    cache: ClusterCache, plan: GangPlan, excluded: frozenset[str], *, policy: str
+) -> Decision:
+    """The node for a pod without devices, which the pod is pinned to when ungated (a nodeSelector
+    on the node's hostname label: a gated pod may narrow where it runs). fragmentation: the node
+    where its CPU strands the least device memory for the typical workload; best-fit: the node with
+    the least free device memory (GPUs taken already), then the least CPU left; first-fit: the first
+    by name. Nodes without a hostname label cannot be pinned and are left out."""
+    pod = plan.groups[0].pods[0]
+    requests = pod_requests(pod)
+    nodes = [
+        name for name in cache.state.node_names()
+        if name not in excluded and ((cache.get(Kind.NODE, name) or {}).get("metadata") or {}).get(
+            "labels", {}).get(HOSTNAME_LABEL)
+    ]  # fmt: skip
+    chosen: str | None = None
+    if policy == FRAGMENTATION:
+        ranked = cache.state.rank_nodes_without_devices(
+            cpu_millis=requests.cpu_millis, cpu_free=cache.cpu_free, nodes=nodes
+        )
+        chosen = ranked[0] if ranked else None
+    if chosen is None and nodes:
+        if policy == "first-fit":
+            chosen = min(nodes)
+        else:
+            free = cache.state.node_free
+            chosen = min(nodes, key=lambda n: (free.get(n, 0), cache.cpu_free(n) - requests.cpu_millis, n))
+    if chosen is None:
+        return Decision(
+            outcome="unschedulable",
+            reason="no node has room for the pod's CPU, memory and a pod slot",
+            short_of="CPU",
+        )
+    return Decision(outcome="allocated", pod_nodes=((pod, chosen),))
 
 
 def _ranked_decision(cache: ClusterCache, plan: GangPlan, excluded: frozenset[str]) -> Decision | None:

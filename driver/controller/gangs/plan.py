@@ -309,7 +309,9 @@ def plan_gang(cache: ClusterCache, key: GangKey) -> GangPlan:
         target=spec.target,
         hand_over_unfit=committed and spec.scheduler_gang,
     )
-    if pending_total == 0:
+    if pending_total == 0 and not (len(gated) == 1 and size <= 1 and not pod_claim_refs(gated[0])):
+        # Every claim is allocated already: nothing to decide. (A lone gated pod without claims is
+        # decided: we choose its node, so that it does not take CPU where GPUs need it.)
         return GangPlan(
             key=key,
             action="ungate",

@@ -32,7 +32,7 @@ from driver import DRIVER_NAME
 from driver.allocator import check_no_claim_backend
 from driver.controller.diagnosis.explain import best_node_offer, describe_demand
 from driver.controller.gangs.burst import decide_all
-from driver.controller.gangs.decide import Decision
+from driver.controller.gangs.decide import HOSTNAME_LABEL, Decision
 from driver.controller.gangs.nodefit import node_admits_pod
 from driver.controller.gangs.plan import GangPlan, plan_gang
 from driver.controller.kueue.check import kueue_provisions
@@ -528,10 +528,11 @@ class Reconciler:
         writer = writers.writer
         for pod in plan.gated:
             key = str(object_key(pod))
+            pin = self._pin(pod, nodes.get(key))
             current = pod
             for _attempt in range(3):
                 try:
-                    stored = writer.ungate_pod(current)
+                    stored = writer.ungate_pod(current, pin=pin)
                     break
                 except ConflictError:
                     meta = current["metadata"]
@@ -555,6 +556,15 @@ class Reconciler:
         writers.recorder.forget(plan.key)
         self._unfit.pop(plan.key, None)
         log.info("gang allocated", extra={"gang": plan.key, "pods": len(plan.gated)})
+
+    def _pin(self, pod: dict[str, Any], node: str | None) -> tuple[str, str] | None:
+        """For a pod without claims placed by us, the nodeSelector entry that pins it to ``node``."""
+        if node is None or pod_claim_refs(pod):
+            return None
+        hostname = (((self.cache.get(Kind.NODE, node) or {}).get("metadata") or {}).get("labels") or {}).get(
+            HOSTNAME_LABEL
+        )
+        return (HOSTNAME_LABEL, str(hostname)) if hostname else None
 
     def _release_half_done(self, writers: Writers, plan: GangPlan) -> None:
         log.warning("releasing a half-allocated gang", extra={"gang": plan.key, "claims": len(plan.release),

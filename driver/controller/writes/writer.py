@@ -191,8 +191,10 @@ class ApiWriter:
                 )
             )
 
-    def ungate_pod(self, pod: dict[str, Any]) -> dict[str, Any]:
-        """Remove our scheduling gate (others stay), guarded by the pod's resourceVersion."""
+    def ungate_pod(self, pod: dict[str, Any], *, pin: tuple[str, str] | None = None) -> dict[str, Any]:
+        """Remove our scheduling gate (others stay), guarded by the pod's resourceVersion. ``pin``: a
+        nodeSelector entry (the node's hostname label) added in the same write, for a pod without
+        devices whose node we chose (a gated pod may narrow where it runs; nothing else may)."""
         gates = list((pod.get("spec") or {}).get("schedulingGates") or ())
         remaining = [g for g in gates if g.get("name") != GATE]
         if len(remaining) == len(gates):
@@ -200,10 +202,10 @@ class ApiWriter:
         meta = pod["metadata"]
         # A merge patch guarded by the resourceVersion (a stale one gets 409, as a replace would), not
         # a replace: the client's models refuse pod fields they do not know (1.35's spec.workloadRef).
-        body = {
-            "metadata": {"resourceVersion": meta.get("resourceVersion")},
-            "spec": {"schedulingGates": remaining},
-        }
+        spec: dict[str, Any] = {"schedulingGates": remaining}
+        if pin is not None:
+            spec["nodeSelector"] = {pin[0]: pin[1]}
+        body = {"metadata": {"resourceVersion": meta.get("resourceVersion")}, "spec": spec}
         self._check_fence()
         what = f"remove scheduling gate from Pod {meta['namespace']}/{meta['name']}"
         stored = _decode(
