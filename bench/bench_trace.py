@@ -54,7 +54,9 @@ from bench.fgd_trace import (
 )
 
 POLICIES = ("best-fit", "fgd", "ours")
-EXTRA_POLICIES = ("ours-fragmentation",)  # the controller with --policy fragmentation (opt-in)
+# The controller with --policy fragmentation, and with CPU-only pods placed by it too (their namespace
+# labelled fractional.dev/placement=all-pods), each opt-in.
+EXTRA_POLICIES = ("ours-all-pods", "ours-fragmentation", "ours-fragmentation-all-pods")
 NODE_FILE = "openb_node_list_gpu_node.csv"
 
 # The published means over seeds 42-51 of the simulator's released results
@@ -100,8 +102,8 @@ def new_policy(name: str, nodes: Sequence[TraceNode], run: Any) -> Policy:
     if name.startswith("ours"):
         from bench.trace_ours import OursPolicy  # the controller's import cost only where it runs
 
-        policy = name.removeprefix("ours-") if name != "ours" else "best-fit"  # the controller's default
-        return OursPolicy(nodes, seed=run.seed, policy=policy)
+        policy = "fragmentation" if "fragmentation" in name else "best-fit"  # the controller's default
+        return OursPolicy(nodes, seed=run.seed, policy=policy, all_pods=name.endswith("-all-pods"))
     return make_policy(name, nodes, run)
 
 

@@ -18,9 +18,12 @@ The GPU model is the device's ``productName`` attribute; a pod's ``gpu_spec`` be
 ``device.attributes["fractional.dev"].productName in [...]``. A node's ``status.allocatable`` is the
 trace's CPU and memory.
 
-CPU-only pods (no claim) are not ours to place on a real cluster: kube-scheduler places them. Here
-they are placed as kube-scheduler's default profile scores a pod without claims, written from its
-documented rules (``KubeSchedulerDefault``).
+CPU-only pods (no claim) are kube-scheduler's to place on a real cluster unless their namespace opts
+in to ours (``fractional.dev/placement=all-pods``: the chart's admission policy gates them, and the
+controller chooses their node and pins them there). ``all_pods=False`` (the default install): they
+are placed as kube-scheduler's default profile scores a pod without claims, written from its
+documented rules (``KubeSchedulerDefault``). ``all_pods=True``: every CPU-only pod is a gated pod
+without claims, decided by the controller like the others.
 """
 
 from __future__ import annotations
@@ -184,8 +187,11 @@ class OursPolicy:
 
     name = "ours"
 
-    def __init__(self, nodes: Sequence[_Node], *, seed: int, policy: str = "best-fit") -> None:
+    def __init__(
+        self, nodes: Sequence[_Node], *, seed: int, policy: str = "best-fit", all_pods: bool = False
+    ) -> None:
         self.nodes = list(nodes)
+        self.all_pods = all_pods
         self.index = {n.name: i for i, n in enumerate(self.nodes)}
         self.policy = policy
         self.cache = ClusterCache(topology_label="topology.kubernetes.io/zone")
@@ -210,12 +216,24 @@ class OursPolicy:
 
     def place(self, pod: _Pod) -> Placement | None:
         name = f"p{next(self._serial)}"
-        if pod.num_gpu == 0:
+        if pod.num_gpu == 0 and not self.all_pods:
             node = self.kube_scheduler.place(pod)
             if node is None:
                 return None
             self._bind(self._pod_object(pod, name, claim=False), self.nodes[node].name)
             return node, ()
+        if pod.num_gpu == 0:
+            gated = self._pod_object(pod, name, claim=False, gated=True)
+            self.cache.apply(Kind.POD, "ADDED", gated)
+            plan = plan_gang(self.cache, self.cache.gang_key(gated))
+            [decision] = decide_all(self.cache, [plan], policy=self.policy)
+            if not isinstance(decision, Decision) or decision.outcome != "allocated":
+                self.cache.apply(Kind.POD, "DELETED", gated)
+                return None
+            [(_, node_name)] = decision.pod_nodes
+            assert node_name is not None
+            self._bind(gated, node_name)
+            return self.index[node_name], ()
         claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": self._meta(name),
                  "spec": _claim_spec(pod)}  # fmt: skip
         self.cache.apply(Kind.CLAIM, "ADDED", claim)
@@ -238,10 +256,11 @@ class OursPolicy:
         self._bind(gated, node_name)
         return self.index[node_name], self._gpus(pod, allocation)
 
-    def _pod_object(self, pod: _Pod, name: str, *, claim: bool) -> dict[str, Any]:
+    def _pod_object(self, pod: _Pod, name: str, *, claim: bool, gated: bool = False) -> dict[str, Any]:
         spec: dict[str, Any] = {"containers": _containers(pod, claim)}
-        if claim:
+        if claim or gated:
             spec["schedulingGates"] = [{"name": GATE}]
+        if claim:
             spec["resourceClaims"] = [{"name": "gpu", "resourceClaimName": name}]
         return {"apiVersion": "v1", "kind": "Pod", "metadata": self._meta(name), "spec": spec}
 

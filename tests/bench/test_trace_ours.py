@@ -41,10 +41,11 @@ def _trace(seed: int) -> tuple[list[TraceNode], Run]:
                       first_copy=len(pods))  # fmt: skip
 
 
+@pytest.mark.parametrize("all_pods", [False, True])
 @pytest.mark.parametrize("policy", ["best-fit", "fragmentation"])
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_every_placement_passes_the_referee_and_a_pod_fails_only_where_nothing_fits(
-    seed: int, policy: str
+    seed: int, policy: str, all_pods: bool
 ) -> None:
     nodes, run = _trace(seed)
 
@@ -52,7 +53,7 @@ def test_every_placement_passes_the_referee_and_a_pod_fails_only_where_nothing_f
         """Checks each refusal against a copy of the cluster as it was just before it."""
 
         def __init__(self) -> None:
-            super().__init__(nodes, seed=seed, policy=policy)
+            super().__init__(nodes, seed=seed, policy=policy, all_pods=all_pods)
             self.shadow = Cluster(nodes)
 
         def place(self, pod: TracePod):  # type: ignore[no-untyped-def]
