@@ -28,6 +28,7 @@ much CPU each node has free (``cpu_free``).
 
 from __future__ import annotations
 
+import functools
 import math
 import zlib
 from collections.abc import Callable, Iterable
@@ -151,8 +152,13 @@ class Fragmentation:
         self._selectors: list[tuple[Any, ...]] = []  # distinct selectors: the typical shapes', then pods'
         self._requests: dict[tuple[Any, ...], Request | None] = {}
         self._accepts: dict[tuple[tuple[Any, ...], Any], bool] = {}
-        self._nodes: dict[str, tuple[Any, int, _State]] = {}  # node -> (its version, CPU free, state)
-        self._scores: dict[tuple[_State, Shape], float | None] = {}
+        # node -> (its version, CPU free, its state, the state's number, selectors known then)
+        self._nodes: dict[str, tuple[Any, int, _State, int, int]] = {}
+        self._state_numbers: dict[_State, int] = {}
+        self._shape_numbers: dict[Shape, int] = {}
+        # (state number, shape number) -> FGD's score of the placement (None: it does not fit)
+        self._scores: dict[tuple[int, int], int | None] = {}
+        self._state_terms: dict[_Devices, tuple[int, list[tuple[int, int]]]] = {}
 
     # ------------------------------------------------------------ learned workload
 
@@ -169,6 +175,8 @@ class Fragmentation:
         ]
         self._nodes.clear()
         self._scores.clear()
+        self._state_terms.clear()
+        self._state_numbers.clear()
 
     def _accepts_device(self, selector: tuple[Any, ...], request: Request | None, device: Device) -> bool:
         if request is None:
@@ -189,13 +197,17 @@ class Fragmentation:
 
     def _node_state(
         self, node: str, cpu_free: int, pod_selector: tuple[Any, ...], request: Request | None
-    ) -> _State:
+    ) -> tuple[int, _State]:
+        """The node's state as scored, and its number (equal states, on any node, share one)."""
         version = self.state.node_version(node)
         held = self._nodes.get(node)
-        if held is not None and held[0] == version and held[1] == cpu_free:
-            state = held[2]
-            if len(state[1]) == 0 or len(state[1][0][2]) == len(self._selectors):
-                return state
+        if (
+            held is not None
+            and held[0] == version
+            and held[1] == cpu_free
+            and held[4] == len(self._selectors)
+        ):
+            return held[3], held[2]
         if pod_selector not in self._selectors:
             self._selectors.append(pod_selector)
             self._requests[pod_selector] = request
@@ -215,33 +227,39 @@ class Fragmentation:
             accepts = tuple(self._accepts_device(s, self._requests[s], device) for s in self._selectors)
             devices.append((total, free, accepts))
         state = (cpu_free, tuple(sorted(devices)))
-        self._nodes[node] = (version, cpu_free, state)
-        return state
+        number = self._state_numbers.get(state)
+        if number is None:
+            if len(self._state_numbers) > 500_000:
+                self._state_numbers.clear()
+                self._scores.clear()
+            number = self._state_numbers[state] = len(self._state_numbers)
+        self._nodes[node] = (version, cpu_free, state, number, len(self._selectors))
+        return number, state
 
     # ------------------------------------------------------------ scoring
 
-    def _fragment(self, cpu: int, devices: _Devices) -> float:
-        fragment = 0.0
-        total = sum(free for _, free, _ in devices)
-        for shape_cpu, count, memory, selector, weight in self._weighted:
-            if cpu < shape_cpu:
-                fragment += weight * total
-                continue
+    def _terms(self, devices: _Devices) -> tuple[int, list[tuple[int, int]]]:
+        """The state's total free memory, and per typical shape: its usable devices and the free
+        memory it cannot use on the devices (CPU aside). Kept per state (``_state_terms``)."""
+        total = 0
+        for _, free, _ in devices:
+            total += free
+        terms = []
+        for _, _count, memory, selector, _ in self._weighted:
             usable = 0
             lost = 0
             for size, free, accepts in devices:
-                if not accepts[selector]:
-                    lost += free
-                elif (free == size) if memory == WHOLE else (free >= memory):
+                if accepts[selector] and ((free == size) if memory == WHOLE else (free >= memory)):
                     usable += 1
                 else:
                     lost += free
-            fragment += weight * (lost if usable >= count else total)
-        return fragment
+            terms.append((usable, lost))
+        return total, terms
 
     def _delta(self, node_state: _State, shape: Shape, selector: int) -> float | None:
         """The least the pod adds to this node state's fragment over its device choices (None: it
-        does not fit)."""
+        does not fit). Only the devices it takes and the node's CPU change, so each typical shape's
+        terms are updated, not computed again."""
         cpu, devices = node_state
         if cpu < shape.cpu_millis:
             return None
@@ -251,19 +269,50 @@ class Fragmentation:
         ]  # fmt: skip
         if len(fits) < shape.devices:
             return None
-        before = self._fragment(cpu, devices)
+        terms = self._state_terms.get(devices)
+        if terms is None:
+            if len(self._state_terms) > 200_000:
+                self._state_terms.clear()
+            terms = self._state_terms[devices] = self._terms(devices)
+        total, per_shape = terms
         after_cpu = cpu - shape.cpu_millis
-        best: float | None = None
-        if shape.memory == WHOLE or shape.devices > 1:
+        if shape.devices == 0:
+            options: list[list[int]] = [[]]
+        elif shape.memory == WHOLE or shape.devices > 1:
             options = [fits[: shape.devices]]  # devices of one size and kind are alike: take the first
         else:
             options = [[i] for i in fits if i == 0 or devices[i] != devices[i - 1]]
+        best: float | None = None
         for taken in options:
-            after = list(devices)
+            changes = []
+            taken_memory = 0
             for i in taken:
                 size, free, accepts = devices[i]
-                after[i] = (size, 0 if shape.memory == WHOLE else free - shape.memory, accepts)
-            delta = self._fragment(after_cpu, tuple(after)) - before
+                after = 0 if shape.memory == WHOLE else free - shape.memory
+                taken_memory += free - after
+                changes.append((size, free, after, accepts))
+            after_total = total - taken_memory
+            delta = 0.0
+            for (shape_cpu, count, memory, index, weight), (usable, lost) in zip(
+                self._weighted, per_shape, strict=True
+            ):
+                before = lost if cpu >= shape_cpu and usable >= count else total
+                for size, free, after, accepts in changes:
+                    if accepts[index]:
+                        fitted = (free == size) if memory == WHOLE else free >= memory
+                        fits_after = (after == size) if memory == WHOLE else after >= memory
+                        if fitted:
+                            usable -= 1
+                        else:
+                            lost -= free
+                        if fits_after:
+                            usable += 1
+                        else:
+                            lost += after
+                    else:
+                        lost += after - free
+                now = lost if after_cpu >= shape_cpu and usable >= count else after_total
+                delta += weight * (now - before)
             if best is None or delta < best:
                 best = delta
         return best
@@ -287,41 +336,56 @@ class Fragmentation:
             self._selectors.append(shape.selector)
             self._requests[shape.selector] = request
         selector = self._selectors.index(shape.selector)
-        candidates: list[tuple[tuple[int, int], str, _State]] = []
-        for node in nodes:
-            node_state = self._node_state(node, cpu_free(node), shape.selector, request)
-            cpu, devices = node_state
-            if cpu < shape.cpu_millis:
-                continue
-            usable = [
-                free for size, free, accepts in devices
-                if accepts[selector] and ((free == size) if shape.memory == WHOLE else free >= shape.memory)
-            ]  # fmt: skip
-            if len(usable) < shape.devices:
-                continue
-            # best fit: the least free device memory on the devices it would use, then the least CPU left
-            candidates.append(((sum(free for _, free, _ in devices), cpu), node, node_state))
-        candidates.sort(key=lambda c: (c[0], c[1]))
-        fresh = 0
+        scores = self._scores
+        shape_number = self._shape_numbers.setdefault(shape, len(self._shape_numbers))
         scored: list[tuple[int, int, str]] = []
+        fresh: list[tuple[int, int, str, _State, int]] = []
+        for node in nodes:
+            number, node_state = self._node_state(node, cpu_free(node), shape.selector, request)
+            if node_state[0] < shape.cpu_millis:
+                continue
+            found = scores.get((number, shape_number), _UNSCORED)
+            if found is _UNSCORED:
+                if not self._fits(node_state, shape, selector):
+                    scores[(number, shape_number)] = None
+                    continue
+                # best fit for the order of the fresh: the least free device memory, then least CPU
+                free = sum(free for _, free, _ in node_state[1])
+                fresh.append((free, node_state[0], node, node_state, number))
+            elif isinstance(found, int):
+                scored.append((found, _tie(node), node))
+        fresh.sort()
         rest: list[str] = []
-        for _fit, node, node_state in candidates:
-            key = (node_state, shape)
-            if key in self._scores:
-                delta = self._scores[key]
-            elif fresh < FRESH_SCORES:
-                fresh += 1
-                delta = self._delta(node_state, shape, selector)
-                if len(self._scores) > 500_000:
-                    self._scores.clear()
-                self._scores[key] = delta
-            else:
+        for index, (_, _, node, node_state, number) in enumerate(fresh):
+            if index >= FRESH_SCORES:
                 rest.append(node)
                 continue
-            if delta is not None:
-                scored.append((_score(delta, node_state), zlib.crc32(node.encode()), node))
+            delta = self._delta(node_state, shape, selector)
+            score = None if delta is None else _score(delta, node_state)
+            if len(scores) > 500_000:
+                scores.clear()
+            scores[(number, shape_number)] = score
+            if score is not None:
+                scored.append((score, _tie(node), node))
         scored.sort()
         return [node for _, _, node in scored] + rest
+
+    @staticmethod
+    def _fits(node_state: _State, shape: Shape, selector: int) -> bool:
+        usable = 0
+        for size, free, accepts in node_state[1]:
+            if accepts[selector] and ((free == size) if shape.memory == WHOLE else free >= shape.memory):
+                usable += 1
+        return node_state[0] >= shape.cpu_millis and usable >= shape.devices
+
+
+_UNSCORED = object()
+
+
+@functools.lru_cache(maxsize=65_536)
+def _tie(node: str) -> int:
+    """A node's place in the one fixed pseudo-random order that breaks ties."""
+    return zlib.crc32(node.encode())
 
 
 def _score(delta: float, node_state: _State) -> int:

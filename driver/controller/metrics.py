@@ -166,6 +166,15 @@ class ControllerMetrics:
             ["version"],
             registry=r,
         )
+        self.typical_workload = Gauge(
+            "fractional_controller_typical_workload_share",
+            "The typical workload the fragmentation policy learned from the pods placed: the share of "
+            "each pod shape (devices, memory per device in bytes, 'whole' for whole devices, CPU in "
+            "millicores) among the shapes making up 95 % of them. Empty until learned.",
+            ["devices", "memory_bytes", "cpu_millis"],
+            registry=r,
+        )
+        self._typical_version = -1
         self._fragmentation_lock = threading.Lock()
         self._fragmentation: Fragmentation | None = None
         self._gang_first_seen: dict[str, float] = {}
@@ -188,6 +197,18 @@ class ControllerMetrics:
             self.compute_percent.labels(node=node, kind="published").set(compute_total)
             self.compute_percent.labels(node=node, kind="allocated").set(compute_total - compute_free)
         self.fragmented_bytes.set(compute_fragmented_bytes(free_summary, share_sizes))
+
+    def observe_typical_workload(self, version: int, typical: Iterable[tuple[Any, float]]) -> None:
+        """The learned typical workload (``driver.allocator.fragmentation.Workload``), when it changed."""
+        if version == self._typical_version:
+            return
+        self._typical_version = version
+        self.typical_workload.clear()
+        for shape, weight in typical:
+            memory = "whole" if shape.memory < 0 else str(shape.memory)
+            self.typical_workload.labels(
+                devices=str(shape.devices), memory_bytes=memory, cpu_millis=str(shape.cpu_millis)
+            ).set(weight)
 
     def observe_fragmentation(
         self,

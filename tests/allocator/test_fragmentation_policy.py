@@ -220,3 +220,85 @@ def test_every_ranked_node_can_take_the_pod(seed: int) -> None:
         assert cpu[node] < pod_cpu or state.allocate([pod], node=node) is None, (
             f"{node} fits but is not ranked"
         )
+
+
+def test_the_controller_exports_what_it_learned() -> None:
+    from prometheus_client import generate_latest
+
+    from driver.controller.metrics import ControllerMetrics
+
+    state = _state({"a": [(80, "H100")]})
+    _teach(state, [(_claim(40), 1000), (_claim(None, count=2), 4000)], 16)
+    metrics = ControllerMetrics()
+    metrics.observe_typical_workload(state.workload.version, state.workload.typical())
+    text = generate_latest(metrics.registry).decode()
+    shares = {
+        line.split("{", 1)[1].split("}", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("fractional_controller_typical_workload_share{")
+    }
+    assert shares.keys() == {
+        f'cpu_millis="1000",devices="1",memory_bytes="{40 * GI}"',
+        'cpu_millis="4000",devices="2",memory_bytes="whole"',
+    }
+    assert all(value == pytest.approx(0.5, abs=0.001) for value in shares.values())  # decay: a hair off
+
+
+def _fragment_by_hand(weighted: list[tuple[int, int, int, int, float]], cpu: int, devices: Any) -> float:
+    """The node's fragment as the module's docstring defines it, device by device."""
+    total = sum(free for _, free, _ in devices)
+    fragment = 0.0
+    for shape_cpu, count, memory, selector, weight in weighted:
+        usable = sum(
+            1 for size, free, accepts in devices
+            if accepts[selector] and ((free == size) if memory == WHOLE else free >= memory)
+        )  # fmt: skip
+        lost = total - sum(
+            free for size, free, accepts in devices
+            if accepts[selector] and ((free == size) if memory == WHOLE else free >= memory)
+        )  # fmt: skip
+        fragment += weight * (lost if cpu >= shape_cpu and usable >= count else total)
+    return fragment
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 2**32 - 1))
+def test_the_incremental_delta_equals_the_fragment_computed_again(seed: int) -> None:
+    from driver.allocator.fragmentation import Fragmentation, Shape
+
+    rng = random.Random(seed)
+    state = _state({"a": [(80, "H100")]})
+    scorer = Fragmentation(state, state.workload)
+    selectors = rng.randrange(1, 3)
+    scorer._weighted = [
+        (rng.randrange(0, 16_000, 1000), rng.choice((1, 1, 2, 4)), rng.choice((WHOLE, 10, 20, 40)),
+         rng.randrange(selectors), rng.random())
+        for _ in range(rng.randrange(1, 6))
+    ]  # fmt: skip
+    devices = tuple(sorted(
+        (80, rng.choice((0, 10, 25, 40, 60, 80)), tuple(rng.random() < 0.8 for _ in range(selectors)))
+        for _ in range(rng.choice((1, 2, 4, 8)))
+    ))  # fmt: skip
+    cpu = rng.randrange(0, 32_000, 500)
+    pod = Shape(rng.randrange(0, 16_000, 500), rng.choice((0, 1, 1, 2)), rng.choice((WHOLE, 5, 20, 40)), ())
+    selector = rng.randrange(selectors)
+    delta = scorer._delta((cpu, devices), pod, selector)
+    fits = [
+        i for i, (size, free, accepts) in enumerate(devices)
+        if accepts[selector] and ((free == size) if pod.memory == WHOLE else free >= pod.memory)
+    ]  # fmt: skip
+    if cpu < pod.cpu_millis or len(fits) < pod.devices:
+        assert delta is None
+        return
+    before = _fragment_by_hand(scorer._weighted, cpu, devices)
+    options = [fits[: pod.devices]] if pod.memory == WHOLE or pod.devices != 1 else [[i] for i in fits]
+    expected = min(
+        _fragment_by_hand(
+            scorer._weighted,
+            cpu - pod.cpu_millis,
+            [(size, (0 if pod.memory == WHOLE else free - pod.memory) if i in taken else free, accepts)
+             for i, (size, free, accepts) in enumerate(devices)],
+        ) - before
+        for taken in options
+    )  # fmt: skip
+    assert delta == pytest.approx(expected)

@@ -346,6 +346,8 @@ class Controller:
             self.reconciler.report_overcommits(overcommits)
         self.metrics.observe_capacity(free, share_memory_requests(pending_claims))
         self.metrics.observe_fragmentation(free, slices, [str(g) for g in gangs], now=time.monotonic())
+        workload = self.cache.state.workload
+        self.metrics.observe_typical_workload(workload.version, workload.typical())
 
     def _halt(self) -> None:
         """A write raised HaltWrites: stop writing everywhere, as a killed process would."""
