@@ -170,7 +170,8 @@ class ControllerMetrics:
             "fractional_controller_typical_workload_share",
             "The typical workload the fragmentation policy learned from the pods placed: the share of "
             "each pod shape (devices, memory per device in bytes, 'whole' for whole devices, CPU in "
-            "millicores) among the shapes making up 95 % of them. Empty until learned.",
+            "millicores) among the shapes making up 95 % of them. Empty until learned, and under the "
+            "other policies.",
             ["devices", "memory_bytes", "cpu_millis"],
             registry=r,
         )

@@ -55,7 +55,7 @@ def decide_all(
                 results[index] = error
                 continue
             if decision.outcome == "allocated":
-                assume_decision(cache, decision)
+                assume_decision(cache, decision, learn=policy == FRAGMENTATION)
         results[index] = decision
     return [r for r in results if r is not None]
 
@@ -101,7 +101,7 @@ def _burst(
                     decision = Decision(
                         outcome="allocated", allocations=tuple(chosen), pod_nodes=tuple(pod_nodes)
                     )
-                    assume_decision(cache, decision)
+                    assume_decision(cache, decision, learn=policy == FRAGMENTATION)
                     results[index] = decision
             break
     return results

@@ -343,9 +343,11 @@ def _shortfall_elsewhere(
     return node_fit(cache, plan, chosen)[2]
 
 
-def assume_decision(cache: ClusterCache, decision: Decision) -> None:
+def assume_decision(cache: ClusterCache, decision: Decision, *, learn: bool = False) -> None:
     """Count an allocated decision at once (devices, and the pods' CPU/memory on their nodes), so the
-    next decision sees it while the writers are still writing it."""
+    next decision sees it while the writers are still writing it. ``learn``: count its pods in the
+    typical workload too (the fragmentation policy's; parsing the claims again costs about a
+    millisecond a decision, so only under that policy)."""
     cache.assume_allocations(list(decision.allocations))
     claims = {str(object_key(claim)): claim for claim, _ in decision.allocations}
     for pod, node in decision.pod_nodes:
@@ -354,5 +356,5 @@ def assume_decision(cache: ClusterCache, decision: Decision) -> None:
             cache.assume_placement(str(object_key(pod)), node, requests)
             namespace = pod["metadata"].get("namespace")
             own = [claims[k] for r in pod_claim_refs(pod) if (k := f"{namespace}/{r.claim_name}") in claims]
-            if own:
+            if own and learn:
                 cache.state.learn(own, cpu_millis=requests.cpu_millis)
