@@ -361,6 +361,10 @@ REFUSED_FIRST: dict[str, int] = {
     "set nodeName": 422,
     "add a gate": 422,
     "re-add our gate": 422,
+    # A gated pod may only add to spec.nodeSelector: changing or replacing an entry is refused with
+    # "only additions to spec.nodeSelector are allowed (no mutations or deletions)" (1.37.2).
+    "re-pin a pod pinned already": 422,
+    "change the pod's nodeSelector while pinning": 422,
 }
 
 
