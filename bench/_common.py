@@ -66,7 +66,11 @@ def summary(values: list[float]) -> dict[str, float]:
     }
 
 
-def write_result(area: str, rows: list[dict[str, Any]], *, title: str, notes: str = "") -> Path:
+def write_result(
+    area: str, rows: list[dict[str, Any]], *, title: str, notes: str = "", command: str | None = None
+) -> Path:
+    """``command``: what to record as the command (default: this process's); for a command line
+    that names a folder outside the checkout, written as the variable that holds it."""
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     path = RESULTS_DIR / f"{area}.json"
     document = {
@@ -75,7 +79,7 @@ def write_result(area: str, rows: list[dict[str, Any]], *, title: str, notes: st
         "machine": machine(),
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "commit": commit(),
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "command": command or " ".join([Path(sys.executable).name, *sys.argv]),
         "notes": notes,
         "rows": rows,
     }

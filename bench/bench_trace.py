@@ -212,7 +212,10 @@ def whole_table(trace_dir: Path, seeds: list[int], inflate: float, jobs: int, va
               f"({time.monotonic() - started:.0f} s)", flush=True)  # fmt: skip
     span = f"{seeds[0]}-{seeds[-1]}" if len(seeds) > 1 else str(seeds[0])
     title = "Packing on Alibaba's production trace, against the FGD paper"
-    write_result("trace", rows, title=title, notes=NOTES.format(seeds=span))
+    # The trace's folder is the user's, outside the checkout: recorded as the variable that names it.
+    argv = [arg.replace(str(trace_dir), "$TRACE_DIR") for arg in sys.argv]
+    command = " ".join([Path(sys.executable).name, *argv])
+    write_result("trace", rows, title=title, notes=NOTES.format(seeds=span), command=command)
     return 0
 
 
@@ -262,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.trace_dir:
         print("bench_trace: skipped, no trace folder (make bench TRACE_DIR=<folder of the trace's CSVs>)")
         return 0
-    trace_dir = Path(args.trace_dir)
+    trace_dir = Path(args.trace_dir.rstrip("/") or "/")
     if not (trace_dir / NODE_FILE).is_file():
         parser.error(f"--trace-dir: {trace_dir} has no {NODE_FILE}")
     variants = args.variants.split(",") if args.variants else list(PUBLISHED)
