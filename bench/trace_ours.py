@@ -33,8 +33,9 @@ import itertools
 import random
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any, Protocol
+from typing import Any
 
+from bench.fgd_trace import GpuAssignment, Placement, TraceNode, TracePod
 from driver.allocator.quantity import parse_quantity
 from driver.controller.gangs.burst import decide_all
 from driver.controller.gangs.decide import Decision
@@ -54,27 +55,7 @@ NAMESPACE = "trace"
 GATE = "fractional.dev/allocation"
 
 
-class _Node(Protocol):
-    name: str
-    cpu_milli: int
-    memory_mib: int
-    gpus: int
-    model: str
-
-
-class _Pod(Protocol):
-    name: str
-    cpu_milli: int
-    memory_mib: int
-    num_gpu: int
-    gpu_milli: int
-    gpu_spec: tuple[str, ...]
-
-
-Placement = tuple[int, tuple[tuple[int, int], ...]]
-
-
-def trace_inventory(node: _Node, template: NodeInventory) -> NodeInventory:
+def trace_inventory(node: TraceNode, template: NodeInventory) -> NodeInventory:
     """The node agent's fake inventory for one trace node: ``gpus`` GPUs of its model, 1,000 steps each."""
     base = template.gpus[0]
     gpus = []
@@ -97,7 +78,7 @@ def trace_inventory(node: _Node, template: NodeInventory) -> NodeInventory:
     return replace(template, node_name=node.name, gpus=tuple(gpus), nics=(), numa_nodes=())
 
 
-def _node_object(node: _Node) -> dict[str, Any]:
+def _node_object(node: TraceNode) -> dict[str, Any]:
     allocatable = {"cpu": f"{node.cpu_milli}m", "memory": f"{node.memory_mib}Mi", "pods": "1001"}
     return {
         "apiVersion": "v1",
@@ -108,7 +89,7 @@ def _node_object(node: _Node) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _claim_spec(pod: _Pod) -> dict[str, Any]:
+def _claim_spec(pod: TracePod) -> dict[str, Any]:
     exactly: dict[str, Any] = {"deviceClassName": "gpu.fractional.dev", "count": pod.num_gpu}
     if pod.gpu_milli < 1000:
         exactly["capacity"] = {"requests": {"memory": f"{pod.gpu_milli * 256}Mi"}}
@@ -120,7 +101,7 @@ def _claim_spec(pod: _Pod) -> dict[str, Any]:
     return {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}
 
 
-def _containers(pod: _Pod, claim: bool) -> list[dict[str, Any]]:
+def _containers(pod: TracePod, claim: bool) -> list[dict[str, Any]]:
     resources: dict[str, Any] = {"requests": {"cpu": f"{pod.cpu_milli}m", "memory": f"{pod.memory_mib}Mi"}}
     if claim:
         resources["claims"] = [{"name": "gpu"}]
@@ -138,7 +119,7 @@ class KubeSchedulerDefault:
     50 % minus 1 % per 125 nodes, at least 5 % and at least 100 nodes), searching from where the
     previous pod's search stopped, and takes the highest score, ties drawn at random."""
 
-    def __init__(self, nodes: Sequence[_Node], rng: random.Random) -> None:
+    def __init__(self, nodes: Sequence[TraceNode], rng: random.Random) -> None:
         self.cpu = [n.cpu_milli for n in nodes]
         self.memory = [n.memory_mib for n in nodes]
         self.free_cpu = list(self.cpu)
@@ -149,7 +130,7 @@ class KubeSchedulerDefault:
         percentage = max(5, 50 - count // 125)
         self.to_find = max(min(count, 100), count * percentage // 100)
 
-    def place(self, pod: _Pod) -> int | None:
+    def place(self, pod: TracePod) -> int | None:
         count = len(self.cpu)
         found: list[int] = []
         examined = 0
@@ -188,7 +169,7 @@ class OursPolicy:
     name = "ours"
 
     def __init__(
-        self, nodes: Sequence[_Node], *, seed: int, policy: str = "best-fit", all_pods: bool = False
+        self, nodes: Sequence[TraceNode], *, seed: int, policy: str = "best-fit", all_pods: bool = False
     ) -> None:
         self.nodes = list(nodes)
         self.all_pods = all_pods
@@ -214,35 +195,29 @@ class OursPolicy:
         return {"name": name, "namespace": NAMESPACE, "uid": f"uid-{name}",
                 "resourceVersion": str(next(self.versions))}  # fmt: skip
 
-    def place(self, pod: _Pod) -> Placement | None:
+    def place(self, pod: TracePod) -> Placement | None:
         name = f"p{next(self._serial)}"
         if pod.num_gpu == 0 and not self.all_pods:
             node = self.kube_scheduler.place(pod)
             if node is None:
                 return None
-            self._bind(self._pod_object(pod, name, claim=False), self.nodes[node].name)
+            self._bind(self._pod_object(pod, name, claim=False), self.nodes[node].name, pod)
             return node, ()
         if pod.num_gpu == 0:
             gated = self._pod_object(pod, name, claim=False, gated=True)
-            self.cache.apply(Kind.POD, "ADDED", gated)
-            plan = plan_gang(self.cache, self.cache.gang_key(gated))
-            [decision] = decide_all(self.cache, [plan], policy=self.policy)
-            if not isinstance(decision, Decision) or decision.outcome != "allocated":
-                self.cache.apply(Kind.POD, "DELETED", gated)
+            decision = self._decide(gated)
+            if decision is None:
                 return None
             [(_, node_name)] = decision.pod_nodes
             assert node_name is not None
-            self._bind(gated, node_name)
+            self._bind(gated, node_name, pod)
             return self.index[node_name], ()
         claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": self._meta(name),
                  "spec": _claim_spec(pod)}  # fmt: skip
         self.cache.apply(Kind.CLAIM, "ADDED", claim)
         gated = self._pod_object(pod, name, claim=True)
-        self.cache.apply(Kind.POD, "ADDED", gated)
-        plan = plan_gang(self.cache, self.cache.gang_key(gated))
-        [decision] = decide_all(self.cache, [plan], policy=self.policy)
-        if not isinstance(decision, Decision) or decision.outcome != "allocated":
-            self.cache.apply(Kind.POD, "DELETED", gated)  # the run's pod fails: it is never retried
+        decision = self._decide(gated)
+        if decision is None:
             self.cache.apply(Kind.CLAIM, "DELETED", claim)
             return None
         [(_, allocation)] = decision.allocations
@@ -253,10 +228,21 @@ class OursPolicy:
         allocated["status"] = {"allocation": allocation}
         self.cache.apply(Kind.CLAIM, "MODIFIED", allocated)  # the API's echo of our write
         self.cache.forget_assumed([str(object_key(claim))])
-        self._bind(gated, node_name)
+        self._bind(gated, node_name, pod)
         return self.index[node_name], self._gpus(pod, allocation)
 
-    def _pod_object(self, pod: _Pod, name: str, *, claim: bool, gated: bool = False) -> dict[str, Any]:
+    def _decide(self, gated: dict[str, Any]) -> Decision | None:
+        """The controller's decision for one gated pod just created; None (and the pod gone again:
+        the run's pod fails, it is never retried) when it places nothing."""
+        self.cache.apply(Kind.POD, "ADDED", gated)
+        plan = plan_gang(self.cache, self.cache.gang_key(gated))
+        [decision] = decide_all(self.cache, [plan], policy=self.policy)
+        if not isinstance(decision, Decision) or decision.outcome != "allocated":
+            self.cache.apply(Kind.POD, "DELETED", gated)
+            return None
+        return decision
+
+    def _pod_object(self, pod: TracePod, name: str, *, claim: bool, gated: bool = False) -> dict[str, Any]:
         spec: dict[str, Any] = {"containers": _containers(pod, claim)}
         if claim or gated:
             spec["schedulingGates"] = [{"name": GATE}]
@@ -264,19 +250,17 @@ class OursPolicy:
             spec["resourceClaims"] = [{"name": "gpu", "resourceClaimName": name}]
         return {"apiVersion": "v1", "kind": "Pod", "metadata": self._meta(name), "spec": spec}
 
-    def _bind(self, pod: dict[str, Any], node: str) -> None:
+    def _bind(self, pod: dict[str, Any], node: str, trace_pod: TracePod) -> None:
         bound = copy.deepcopy(pod)
         bound["metadata"]["resourceVersion"] = str(next(self.versions))
         bound["spec"].pop("schedulingGates", None)
         bound["spec"]["nodeName"] = node
         self.cache.apply(Kind.POD, "MODIFIED", bound)
         self.cache.forget_placement(str(object_key(pod)))
-        index = self.index[node]
-        cpu, memory = pod_cpu_memory(pod)
-        self.kube_scheduler.take(index, cpu, memory)
+        self.kube_scheduler.take(self.index[node], trace_pod.cpu_milli, trace_pod.memory_mib)
 
     @staticmethod
-    def _gpus(pod: _Pod, allocation: dict[str, Any]) -> tuple[tuple[int, int], ...]:
+    def _gpus(pod: TracePod, allocation: dict[str, Any]) -> GpuAssignment:
         taken = []
         for result in allocation["devices"]["results"]:
             gpu = int(str(result["device"]).removeprefix("gpu-"))
@@ -284,10 +268,5 @@ class OursPolicy:
             taken.append((gpu, 1000 if consumed is None else int(parse_quantity(consumed) // MILLI_BYTES)))
         return tuple(sorted(taken))
 
-    def placed(self, pod: _Pod, node: int, gpus: tuple[tuple[int, int], ...]) -> None:
+    def placed(self, pod: TracePod, node: int, gpus: GpuAssignment) -> None:
         """The harness applied it: ours already holds it in the controller's cache."""
-
-
-def pod_cpu_memory(pod: dict[str, Any]) -> tuple[int, int]:
-    requests = pod["spec"]["containers"][0]["resources"]["requests"]
-    return int(requests["cpu"].removesuffix("m")), int(requests["memory"].removesuffix("Mi"))

@@ -13,6 +13,7 @@ from typing import Any
 
 from driver.allocator.batch import place_many
 from driver.allocator.fragmentation import WHOLE, Fragmentation, Shape, Workload, shape_of
+from driver.allocator.model import Request
 from driver.allocator.placement import parse_claims, pod_groups_of, render_placed, solve
 from driver.allocator.state import ClusterData
 from driver.errors import AllocationError
@@ -31,10 +32,9 @@ class ClusterState(ClusterData):
     def learn(self, claims: Sequence[Mapping[str, Any]], *, cpu_millis: int) -> None:
         """Count one placed pod (its claims and CPU) in the typical workload (``fragmentation``)."""
         try:
-            parsed = parse_claims(self, claims, "best-fit")
+            found = self._shape(claims, cpu_millis)
         except AllocationError:
             return
-        found = shape_of(parsed, cpu_millis)
         if found is not None:
             self.workload.observe(*found)
 
@@ -49,12 +49,14 @@ class ClusterState(ClusterData):
         """Nodes for one pod's ``claims`` (its CPU ``cpu_millis``; ``cpu_free`` per node), the least
         added fragment first (``fragmentation``). Empty when the pod is not of a shape the model
         scores or nothing is learned yet: the caller then lets ``allocate`` choose."""
-        parsed = parse_claims(self, claims, "best-fit")
-        found = shape_of(parsed, cpu_millis)
+        found = self._shape(claims, cpu_millis)
         if found is None:
             return []
         nodes = [n for n in self.node_names() if n not in exclude_nodes]
         return self._fragmentation.rank(found[0], found[1], nodes, cpu_free)
+
+    def _shape(self, claims: Sequence[Mapping[str, Any]], cpu_millis: int) -> tuple[Shape, Request] | None:
+        return shape_of(parse_claims(self, claims, "best-fit"), cpu_millis)
 
     def rank_nodes_without_devices(
         self, *, cpu_millis: int, cpu_free: Callable[[str], int], nodes: Sequence[str]

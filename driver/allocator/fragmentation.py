@@ -147,7 +147,6 @@ class Fragmentation:
         self.state = state
         self.workload = workload
         self._version = -1
-        self._typical: tuple[tuple[Shape, float], ...] = ()
         self._weighted: list[tuple[int, int, int, int, float]] = []  # cpu, devices, memory, selector, weight
         self._selectors: list[tuple[Any, ...]] = []  # distinct selectors: the typical shapes', then pods'
         self._requests: dict[tuple[Any, ...], Request | None] = {}
@@ -166,12 +165,11 @@ class Fragmentation:
         if self.workload.version == self._version:
             return
         self._version = self.workload.version
-        self._typical = self.workload.typical()
-        self._selectors = list(dict.fromkeys(s.selector for s, _ in self._typical))
-        self._requests = {s.selector: self.workload.request(s) for s, _ in self._typical}
+        typical = self.workload.typical()
+        self._selectors = list(dict.fromkeys(s.selector for s, _ in typical))
+        self._requests = {s.selector: self.workload.request(s) for s, _ in typical}
         self._weighted = [
-            (s.cpu_millis, s.devices, s.memory, self._selectors.index(s.selector), w)
-            for s, w in self._typical
+            (s.cpu_millis, s.devices, s.memory, self._selectors.index(s.selector), w) for s, w in typical
         ]
         self._nodes.clear()
         self._scores.clear()
@@ -195,9 +193,7 @@ class Fragmentation:
 
     # ------------------------------------------------------------ node states
 
-    def _node_state(
-        self, node: str, cpu_free: int, pod_selector: tuple[Any, ...], request: Request | None
-    ) -> tuple[int, _State]:
+    def _node_state(self, node: str, cpu_free: int) -> tuple[int, _State]:
         """The node's state as scored, and its number (equal states, on any node, share one)."""
         version = self.state.node_version(node)
         held = self._nodes.get(node)
@@ -208,9 +204,6 @@ class Fragmentation:
             and held[4] == len(self._selectors)
         ):
             return held[3], held[2]
-        if pod_selector not in self._selectors:
-            self._selectors.append(pod_selector)
-            self._requests[pod_selector] = request
         devices = []
         for candidate in self.state.view(node).candidates:
             device = candidate.device
@@ -263,10 +256,7 @@ class Fragmentation:
         cpu, devices = node_state
         if cpu < shape.cpu_millis:
             return None
-        fits = [
-            i for i, (size, free, accepts) in enumerate(devices)
-            if accepts[selector] and ((free == size) if shape.memory == WHOLE else free >= shape.memory)
-        ]  # fmt: skip
+        fits = _usable(devices, shape, selector)
         if len(fits) < shape.devices:
             return None
         terms = self._state_terms.get(devices)
@@ -329,7 +319,7 @@ class Fragmentation:
         the workload is not learned yet (the caller keeps its own order). ``request``: the pod's
         device request (None for a pod without devices, ``shape.devices`` 0)."""
         self._refresh()
-        if not self._typical:
+        if not self._weighted:
             return []
         self.state.refresh()
         if shape.selector not in self._selectors:
@@ -341,12 +331,12 @@ class Fragmentation:
         scored: list[tuple[int, int, str]] = []
         fresh: list[tuple[int, int, str, _State, int]] = []
         for node in nodes:
-            number, node_state = self._node_state(node, cpu_free(node), shape.selector, request)
+            number, node_state = self._node_state(node, cpu_free(node))
             if node_state[0] < shape.cpu_millis:
                 continue
             found = scores.get((number, shape_number), _UNSCORED)
             if found is _UNSCORED:
-                if not self._fits(node_state, shape, selector):
+                if len(_usable(node_state[1], shape, selector)) < shape.devices:
                     scores[(number, shape_number)] = None
                     continue
                 # best fit for the order of the fresh: the least free device memory, then least CPU
@@ -370,16 +360,17 @@ class Fragmentation:
         scored.sort()
         return [node for _, _, node in scored] + rest
 
-    @staticmethod
-    def _fits(node_state: _State, shape: Shape, selector: int) -> bool:
-        usable = 0
-        for size, free, accepts in node_state[1]:
-            if accepts[selector] and ((free == size) if shape.memory == WHOLE else free >= shape.memory):
-                usable += 1
-        return node_state[0] >= shape.cpu_millis and usable >= shape.devices
-
 
 _UNSCORED = object()
+
+
+def _usable(devices: _Devices, shape: Shape, selector: int) -> list[int]:
+    """The devices ``shape`` can take a share of (or, ``WHOLE``, take whole), by position."""
+    memory = shape.memory
+    return [
+        i for i, (size, free, accepts) in enumerate(devices)
+        if accepts[selector] and ((free == size) if memory == WHOLE else free >= memory)
+    ]  # fmt: skip
 
 
 @functools.lru_cache(maxsize=65_536)

@@ -16,7 +16,6 @@ from driver.controller.gangs.plan import GangPlan, PodGroup
 from driver.controller.model.objects import (
     Resources,
     allocation_node,
-    node_allocatable,
     object_key,
     pod_claim_refs,
     pod_requests,
@@ -39,7 +38,6 @@ __all__ = [
 ]
 
 MAX_NODE_FIT_ATTEMPTS = 8
-HOSTNAME_LABEL = "kubernetes.io/hostname"  # what a pod without devices is pinned by
 FRAGMENTATION = "fragmentation"  # the policy that ranks a pod's nodes by the fragment it adds
 RANKED_TRIES = 4  # ranked nodes tried before the best-fit path decides
 
@@ -203,13 +201,13 @@ def node_fit(
         node = group_node(group, by_claim)
         for pod in group.pods:
             pod_nodes.append((pod, node))
-            node_object = None if node is None else cache.get(Kind.NODE, node)
-            if node is None or node_object is None:
+            allocatable = None if node is None else cache.allocatable(node)
+            if node is None or allocatable is None:
                 continue
             requests = pod_requests(pod)
             if node not in usage:
                 usage[node] = cache.node_usage(node)
-            free = node_allocatable(node_object) - usage[node]
+            free = allocatable - usage[node]
             if not requests.fits_within(free):
                 return pod_nodes, node, f"{node}: {requests.shortfall(free)}"
             usage[node] = usage[node] + requests
@@ -276,11 +274,7 @@ def _node_for_pod_without_devices(
     by name. Nodes without a hostname label cannot be pinned and are left out."""
     pod = plan.groups[0].pods[0]
     requests = pod_requests(pod)
-    nodes = [
-        name for name in cache.state.node_names()
-        if name not in excluded and ((cache.get(Kind.NODE, name) or {}).get("metadata") or {}).get(
-            "labels", {}).get(HOSTNAME_LABEL)
-    ]  # fmt: skip
+    nodes = [name for name in cache.state.node_names() if name not in excluded and cache.hostname(name)]
     chosen: str | None = None
     if policy == FRAGMENTATION:
         ranked = cache.state.rank_nodes_without_devices(

@@ -32,7 +32,7 @@ from driver import DRIVER_NAME
 from driver.allocator import check_no_claim_backend
 from driver.controller.diagnosis.explain import best_node_offer, describe_demand
 from driver.controller.gangs.burst import decide_all
-from driver.controller.gangs.decide import HOSTNAME_LABEL, Decision
+from driver.controller.gangs.decide import Decision
 from driver.controller.gangs.nodefit import node_admits_pod
 from driver.controller.gangs.plan import GangPlan, plan_gang
 from driver.controller.kueue.check import kueue_provisions
@@ -52,7 +52,7 @@ from driver.controller.preemption.preemptor import Preemptor
 from driver.controller.preemption.refusal import RefusedShares
 from driver.controller.sizing.hints import compute_hint, existing_node_shapes, profile_shapes, render_hint
 from driver.controller.sizing.overcommit import Overcommit, compute_overcommits
-from driver.controller.view.cache import ClusterCache, Kind
+from driver.controller.view.cache import HOSTNAME_LABEL, ClusterCache, Kind
 from driver.controller.writes.events import REASON_FAILED, REASON_HANDED_OVER, EventRecorder
 from driver.controller.writes.pipeline import Job, Writers
 from driver.controller.writes.writer import ApiWriter, HaltWrites
@@ -561,10 +561,8 @@ class Reconciler:
         """For a pod without claims placed by us, the nodeSelector entry that pins it to ``node``."""
         if node is None or pod_claim_refs(pod):
             return None
-        hostname = (((self.cache.get(Kind.NODE, node) or {}).get("metadata") or {}).get("labels") or {}).get(
-            HOSTNAME_LABEL
-        )
-        return (HOSTNAME_LABEL, str(hostname)) if hostname else None
+        hostname = self.cache.hostname(node)
+        return (HOSTNAME_LABEL, hostname) if hostname else None
 
     def _release_half_done(self, writers: Writers, plan: GangPlan) -> None:
         log.warning("releasing a half-allocated gang", extra={"gang": plan.key, "claims": len(plan.release),

@@ -29,7 +29,9 @@ from driver.controller.model.objects import (
     resource_version_is_older,
 )
 
-__all__ = ["ClusterCache", "Kind"]
+__all__ = ["HOSTNAME_LABEL", "ClusterCache", "Kind"]
+
+HOSTNAME_LABEL = "kubernetes.io/hostname"  # what a pod without devices is pinned by
 
 MAX_DELETED_UIDS = 100_000
 
@@ -229,9 +231,7 @@ class ClusterCache:
         if kind in (Kind.SLICE, Kind.CLAIM):
             self._index_pools(kind, key, obj, old)
         if kind is Kind.SLICE:
-            if old is None or (old.get("spec") or {}).get("nodeName") != (obj.get("spec") or {}).get(
-                "nodeName"
-            ):
+            if old is None or _slice_node(old) != _slice_node(obj):
                 self._exclusion_memo.clear()
             self.state.upsert_slice(obj)
         elif kind is Kind.CLASS:
@@ -435,6 +435,16 @@ class ClusterCache:
         """A scratch dict for node sets computed from the Nodes' labels and specs and from which
         nodes have slices only; emptied whenever one of those changes (not on status updates)."""
         return self._exclusion_memo
+
+    def allocatable(self, node: str) -> Resources | None:
+        """The Node's ``status.allocatable`` as parsed when it was stored (None: no such Node)."""
+        return self._allocatable.get(node)
+
+    def hostname(self, node: str) -> str | None:
+        """The Node's ``kubernetes.io/hostname`` label (None: no Node, or no label)."""
+        found = self._objects[Kind.NODE].get(ObjectKey(node))
+        value = (((found or {}).get("metadata") or {}).get("labels") or {}).get(HOSTNAME_LABEL)
+        return str(value) if value else None
 
     def cpu_free(self, node: str) -> int:
         """CPU millicores of ``node`` that no bound or placed pod requests (allocatable less usage)."""
