@@ -76,13 +76,16 @@ def get_json(
     Used where a typed API class would cost more than it gives: ``CoreV1Api`` alone adds about
     25 MiB to a process, which the node agent does not otherwise need.
     """
-    from driver.kube.errors import check_response_status
+    from driver.kube.errors import api_errors, check_response_status
 
     method, url, headers, _body, _post = api_client.param_serialize(
         "GET", path, header_params={"Accept": "application/json"}, auth_settings=["BearerToken"]
     )
-    response = api_client.call_api(method, url, header_params=headers, _request_timeout=timeout_seconds)
-    response.read()  # type: ignore[no-untyped-call]
+    # A refused connection is a TransientError like any other call's (raw urllib3 errors escaped
+    # here once, and the controller's leader exited when kube-apiserver restarted).
+    with api_errors(what):
+        response = api_client.call_api(method, url, header_params=headers, _request_timeout=timeout_seconds)
+        response.read()  # type: ignore[no-untyped-call]
     check_response_status(response.status, response.data or b"", what)
     result: dict[str, Any] = json.loads(response.data or b"{}")
     return result

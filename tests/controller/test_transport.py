@@ -8,6 +8,7 @@ import contextlib
 import http.server
 import json
 import shutil
+import socket
 import ssl
 import subprocess
 import threading
@@ -157,3 +158,25 @@ def test_connecting_is_tried_again(
         refusals[0] = 3
         with pytest.raises(TransientError, match="patch pod: connect: refused"):
             sender.send_json("PATCH", PATH, {"namespace": "ns", "name": "b"}, {}, what="patch pod")
+
+
+@pytest.mark.parametrize("call", ["get_json", "send_json"])
+def test_an_api_that_refuses_connections_is_a_transient_error_on_every_path(call: str) -> None:
+    """kube-apiserver restarting refuses connections: every raw call (the writers' and get_json,
+    which the allocation guard's endpoint check uses) raises TransientError, never urllib3's own
+    errors, which ended the leading controller's process once (seen on a real apiserver restart)."""
+    from driver.kube.client import get_json
+
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    configuration = client.Configuration(host=f"http://127.0.0.1:{port}")
+    configuration.retries = 0
+    with client.ApiClient(configuration) as api_client:
+        if call == "get_json":
+            with pytest.raises(TransientError, match="read EndpointSlice"):
+                get_json(api_client, "/apis/discovery.k8s.io/v1/endpointslices", what="read EndpointSlice")
+        else:
+            sender = JsonSender(api_client)
+            with pytest.raises(TransientError, match="patch pod"):
+                sender.send_json("PATCH", PATH, {"namespace": "ns", "name": "a"}, {}, what="patch pod")
