@@ -117,6 +117,12 @@ class ControllerMetrics:
             registry=r,
         )
         self.leader = Gauge("fractional_controller_leader", "1 while this replica leads.", registry=r)
+        self.leadership_lost = Counter(
+            "fractional_controller_leadership_lost",
+            "Times this replica lost its lease (no renewal within the renew deadline) and stood down "
+            "in place, a candidate again.",
+            registry=r,
+        )
         self.guard_reviews = Counter(
             "fractional_controller_allocation_guard_reviews",
             "Allocations another allocator wrote for our devices, as the allocation guard answered them "

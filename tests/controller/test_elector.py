@@ -20,6 +20,8 @@ from driver.errors import ConfigError
 
 pytestmark = pytest.mark.shared  # also run on the real apiserver (--cluster=real)
 
+LEASE = ControllerConfig().lease_name
+
 
 class FakeClock:
     def __init__(self) -> None:
@@ -38,9 +40,11 @@ def api_client(api_server: APIServer) -> Iterator[client.ApiClient]:
         yield api_client
 
 
-def _elector(api_client: client.ApiClient, identity: str, clock: FakeClock) -> LeaderElector:
+def _elector(
+    api_client: client.ApiClient, identity: str, clock: FakeClock, name: str = "lease"
+) -> LeaderElector:
     return LeaderElector(
-        api_client=api_client, name="lease", namespace="default", identity=identity,
+        api_client=api_client, name=name, namespace="default", identity=identity,
         lease_duration_seconds=15, renew_deadline_seconds=10, retry_period_seconds=2, clock=clock,
     )  # fmt: skip
 
@@ -98,16 +102,9 @@ def test_writer_behind_a_set_fence_sends_nothing(api_server: APIServer, api_clie
     assert api_server.request_count("update") == 0
 
 
-def test_leader_stops_writing_at_its_renew_deadline_without_waiting_for_the_elector_round(
-    api_server: APIServer, kubeconfig_file: Path
-) -> None:
-    # The elector's next round is 20 s away (as if it were blocked on a slow API); its clock says the
-    # last renewal is older than the renew deadline, so a successor may soon take over.
-    clock = FakeClock()
-    config = ControllerConfig(
-        kubeconfig=str(kubeconfig_file), metrics_port=0, leader_elect=True, identity="a",
-        lease_duration_seconds=30, renew_deadline_seconds=25, retry_period_seconds=20,
-    )  # fmt: skip
+def _run_in_thread(
+    config: ControllerConfig, clock: FakeClock
+) -> tuple[threading.Event, threading.Event, list[int], threading.Thread]:
     stop, started, result = threading.Event(), threading.Event(), []
     thread = threading.Thread(
         target=lambda: result.append(run_controller(config, stop, clock=clock, started=started)),
@@ -115,15 +112,71 @@ def test_leader_stops_writing_at_its_renew_deadline_without_waiting_for_the_elec
         daemon=True,
     )
     thread.start()
+    return stop, started, result, thread
+
+
+def test_a_leader_past_its_renew_deadline_stands_down_in_place_and_leads_again_when_the_lease_is_still_its(
+    api_server: APIServer,
+    api_client: client.ApiClient,
+    kubeconfig_file: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The elector's next round is 20 s away (as if it were blocked on a slow API); its clock says the
+    # last renewal is older than the renew deadline, so a successor may soon take over: the replica
+    # stops its term at once, without waiting for the elector, and does not exit. Nobody else took
+    # the lease (as when kube-apiserver itself was away), so it renews it and leads again.
+    clock = FakeClock()
+    config = ControllerConfig(
+        kubeconfig=str(kubeconfig_file), metrics_port=0, leader_elect=True, identity="a",
+        lease_duration_seconds=30, renew_deadline_seconds=25, retry_period_seconds=20,
+    )  # fmt: skip
+    stop, started, result, thread = _run_in_thread(config, clock)
     try:
         assert started.wait(20), "never became leader"
-        clock.seconds += 26
-        thread.join(10)
-        assert not thread.is_alive(), "kept running past its renew deadline"
-        assert result == [1]
+        started.clear()
+        with caplog.at_level("WARNING", logger="driver.controller.loop.run"):
+            clock.seconds += 26
+            assert started.wait(20), "did not lead again"
+        assert any("standing down" in r.getMessage() for r in caplog.records)
+        assert thread.is_alive() and result == [], "the process ended instead of standing down"
+        lease = client.CoordinationV1Api(api_client).read_namespaced_lease(LEASE, "default")
+        assert lease.spec.holder_identity == "a"
+        assert lease.spec.lease_transitions == 0
     finally:
         stop.set()
         thread.join(20)
+    assert result == [0]
+
+
+def test_a_replica_that_lost_its_lease_to_another_waits_as_a_candidate_and_takes_over_on_release(
+    api_client: client.ApiClient, kubeconfig_file: Path
+) -> None:
+    clock = FakeClock()
+    config = ControllerConfig(
+        kubeconfig=str(kubeconfig_file), metrics_port=0, leader_elect=True, identity="a",
+        lease_duration_seconds=3, renew_deadline_seconds=2, retry_period_seconds=0.5,
+    )  # fmt: skip
+    stop, started, result, thread = _run_in_thread(config, clock)
+    b = _elector(api_client, "b", FakeClock(), name=LEASE)
+    try:
+        assert started.wait(20), "never became leader"
+        started.clear()
+        # b takes the lease over (as if b's clock had seen a's lease run out), then a's clock passes
+        # its renew deadline: a stands down and, b's lease being fresh, waits as a candidate.
+        client.CoordinationV1Api(api_client).patch_namespaced_lease(
+            LEASE, "default", {"spec": {"holderIdentity": "b", "leaseDurationSeconds": 3600}}
+        )
+        clock.seconds += 5
+        assert not started.wait(3), "led again while b holds a fresh lease"
+        assert thread.is_alive() and result == []
+        b.leading.set()
+        b.step()  # b renews, then releases on a clean stop: a takes over at once
+        b.release()
+        assert started.wait(20), "did not take over after b released the lease"
+    finally:
+        stop.set()
+        thread.join(20)
+    assert result == [0]
 
 
 @pytest.mark.parametrize(

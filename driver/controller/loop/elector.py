@@ -6,6 +6,12 @@ monotonic clock* (no trust in other machines' wall clocks); the leader renews ev
 ``retry_period`` and gives up when no renewal succeeded within ``renew_deadline``. Every write
 carries the lease's resourceVersion, so two candidates never both win one round. On a clean stop
 the leader releases the lease (holder cleared, duration 1 s) so a successor starts at once.
+
+A replica that loses the lease does not exit (client-go's callers do): ``lost`` is set, the owner
+fences its writes and stops what it ran, then calls ``rejoin()`` and the replica is a candidate
+again. When the whole API was away (a kube-apiserver restart), nobody else could take the lease
+meanwhile, so the same replica renews it as soon as the API answers, with a fresh view; a process
+restart would only have added its start-up time.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from typing import Any, Protocol
 
 from kubernetes import client
 
-from driver.errors import ConflictError, FractionalError, NotFoundError, TransientError
+from driver.errors import ConflictError, FractionalError, NotFoundError
 from driver.kube import REQUEST_TIMEOUT_SECONDS, api_errors
 from driver.kube.transport import JsonSender
 
@@ -94,7 +100,8 @@ class LeaderElector:
         self._last_renew: float | None = None
         self._lease: dict[str, Any] | None = None
         self.leading = threading.Event()
-        self.lost = threading.Event()
+        self.lost = threading.Event()  # set on a loss; no round runs until the owner calls rejoin()
+        self._wake = threading.Event()  # ends the wait between two rounds early (rejoin, stop)
 
     # -- one round ------------------------------------------------------------------------------------
 
@@ -175,8 +182,12 @@ class LeaderElector:
     # -- the loop -------------------------------------------------------------------------------------
 
     def run(self, stop: threading.Event, on_lost: Callable[[], None] | None = None) -> None:
-        """Acquire, then renew every retry period; on a missed renew deadline set ``lost`` and return."""
+        """Acquire, then renew every retry period, until ``stop``. On a missed renew deadline:
+        ``step_down()`` (``lost`` set, ``on_lost`` called), then no round until ``rejoin()``."""
         while not stop.is_set():
+            if self.lost.is_set():
+                self._pause()
+                continue
             try:
                 held = self.step()
             except FractionalError as error:  # 5xx, refused, or rejected: keep trying until the deadline
@@ -185,24 +196,48 @@ class LeaderElector:
             except Exception:  # the loop's one catch-all: a bug must not leave a replica waiting forever
                 log.exception("lease round failed unexpectedly", extra={"lease": self.name})
                 held = False
-            if held and not self.leading.is_set():
+            if held and not self.leading.is_set() and not self.lost.is_set():
                 log.info("became leader", extra={"lease": self.name, "identity": self.identity})
                 self.leading.set()
             if self.leading.is_set() and not held and self.renew_overdue():
-                log.error("leadership lost", extra={"lease": self.name, "identity": self.identity})
-                self.leading.clear()
-                self.lost.set()
+                self.step_down("no renewal within the renew deadline")
                 if on_lost is not None:
                     on_lost()
-                return
-            stop.wait(self._retry_period_seconds)
+            self._pause()
+
+    def _pause(self) -> None:
+        self._wake.wait(self._retry_period_seconds)
+        self._wake.clear()
+
+    def step_down(self, why: str) -> None:
+        """Leadership is lost (the owner or the elector saw the deadline pass): stop leading, run no
+        round until ``rejoin()``. Idempotent."""
+        if self.lost.is_set():
+            return
+        log.error("leadership lost", extra={"lease": self.name, "identity": self.identity, "reason": why})
+        self.leading.clear()
+        self._last_renew = None
+        self.lost.set()
+
+    def rejoin(self) -> None:
+        """The owner has stopped all it ran as leader: be a candidate again, at once."""
+        self.lost.clear()
+        self._wake.set()
+
+    def wake(self) -> None:
+        """End the current wait between two rounds (after ``stop`` is set: return promptly)."""
+        self._wake.set()
 
     def release(self) -> None:
         """Give the lease up if we hold it (clean stop)."""
         if not self.leading.is_set() or self._lease is None:
             return
         self.leading.clear()
-        lease = self._read()
+        try:
+            lease = self._read()
+        except FractionalError as error:  # the API is away: the lease expires on its own
+            log.warning("lease not released", extra={"lease": self.name, "error": str(error)})
+            return
         if lease is None or (lease.get("spec") or {}).get("holderIdentity") != self.identity:
             return
         body = copy.deepcopy(lease)
@@ -218,5 +253,5 @@ class LeaderElector:
                 "PUT", _LEASE, self._path_params, body, what=f"release Lease {self.namespace}/{self.name}"
             )
             log.info("lease released", extra={"lease": self.name, "identity": self.identity})
-        except (ConflictError, TransientError) as error:  # it expires on its own
+        except FractionalError as error:  # a conflict, or the API away: it expires on its own
             log.warning("lease not released", extra={"lease": self.name, "error": str(error)})

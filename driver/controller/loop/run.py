@@ -7,8 +7,12 @@ points the guard's Service at itself (``--allocation-guard-service``), and decid
 replica answered are in its view first. A clean stop first stops deciding (the writes in flight
 finish), then closes the guard and withdraws the Service's endpoint.
 
-Returns 0 after a clean stop (SIGTERM), 1 when leadership was lost (the process must exit so that
-nothing it still had in flight is written by a non-leader; the Deployment restarts it).
+Returns 0 after a clean stop (SIGTERM). A replica that loses its lease (no renewal within the
+renew deadline, e.g. kube-apiserver away that long) does not exit: it fences its writes (nothing it
+still had queued goes out), stops that term's controller, and is a candidate again in the same
+process; when it leads again, its new term starts from a fresh list. Liveness (``/healthz``) says
+whether this process is stuck (a dead watch, decider or write thread), never whether the API
+answers.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from driver.config import ControllerConfig
 from driver.controller.guard import GuardEndpoint, GuardServer
@@ -65,20 +70,17 @@ def run_controller(
     clock: Clock | None = None,
     started: threading.Event | None = None,
 ) -> int:
-    """Run until ``stop`` is set (0) or leadership is lost (1). ``write_hook``, ``clock`` and
-    ``started`` (set once this replica leads and its controller runs) are for tests."""
+    """Run until ``stop`` is set; returns 0. A replica that loses the lease stands down in place
+    (its writes fenced, its controller stopped) and is a candidate again: an API outage longer than
+    the renew deadline costs a fresh list when it leads again, never a process restart.
+    ``write_hook``, ``clock`` and ``started`` (set each time this replica leads and its controller
+    runs) are for tests."""
     configuration = load_configuration(config.kubeconfig)
     metrics = ControllerMetrics()
-    controller: Controller | None = None
-    close_kueue_check: Callable[[float], None] | None = None
-    guard_server: GuardServer | None = None
-    endpoint: GuardEndpoint | None = None
-    endpoint_api = None
-    next_endpoint_check = 0.0
-    stopped_cleanly = False
+    term: _Term | None = None
 
     def healthy() -> bool:
-        return controller is None or controller.healthy()
+        return term is None or term.healthy()
 
     server = None
     if config.metrics_port:
@@ -111,82 +113,29 @@ def run_controller(
                 target=elector.run, args=(elector_stop,), name="leader-elector", daemon=True
             )
             elector_thread.start()
-            while not (stop.is_set() or elector.leading.is_set() or elector.lost.is_set()):
-                stop.wait(POLL_SECONDS)
-            if stop.is_set() or elector.lost.is_set():
-                return 0 if stop.is_set() else 1
-            metrics.leader.set(1)
-        guarded = bool(config.allocation_guard_port)
-        controller = Controller(
-            configuration=configuration, settings=settings_from_config(config), identity=config.identity,
-            metrics=metrics, write_hook=write_hook, gang_sources=parse_gang_sources(config.gang_sources),
-            guard=guarded, hold_decisions=guarded,
-        )  # fmt: skip
-        if guarded:
-            guard_server = _guard_server(config, controller)
-        controller.start()
-        release_at = time.monotonic()
-        if guard_server is not None:
-            guard_server.start()
-            if config.allocation_guard_service:
-                endpoint_api = new_api_client(configuration)
-                endpoint = GuardEndpoint(
-                    endpoint_api, namespace=config.lease_namespace, service=config.allocation_guard_service,
-                    address=config.allocation_guard_address, port=guard_server.port, pod_name=config.identity,
-                )  # fmt: skip
-                next_endpoint_check = _ensure_endpoint(endpoint)
-            release_at = time.monotonic() + GUARD_SETTLE_SECONDS
-        if config.kueue_admission_check:  # the AdmissionCheck fractional.dev/placement
-            kueue_settings = KueueCheckSettings(
-                policy=config.policy, topology_label=config.topology_label, hint_profiles=config.hint_profiles
-            )
-            close_kueue_check = start_admission_check(configuration, kueue_settings, fence=controller.fence)
-        log.info("controller started", extra={"identity": config.identity, "policy": config.policy})
-        if started is not None:
-            started.set()
-        released = False
         while not stop.is_set():
-            now = time.monotonic()
-            if not released and now >= release_at:
-                controller.allow_decisions()
-                released = True
-            if endpoint is not None and now >= next_endpoint_check:
-                next_endpoint_check = _ensure_endpoint(endpoint)
-            # The elector notices a missed deadline only after its current round, which can block on
-            # a slow API for longer than the deadline; check the deadline here too, and fence the
-            # writer first so nothing more goes out once a successor may have taken over.
-            if elector is not None and (elector.lost.is_set() or elector.renew_overdue()):
-                controller.fence.set()
-                log.error("leadership lost, stopping", extra={"identity": config.identity})
-                return 1
-            if controller.halted.is_set():
-                stop.wait(POLL_SECONDS)  # a simulated crash: stay down until told to stop
-                continue
-            stop.wait(POLL_SECONDS)
-        stopped_cleanly = True
+            if elector is not None:
+                while not (stop.is_set() or elector.leading.is_set()):
+                    stop.wait(POLL_SECONDS)
+                if stop.is_set():
+                    break
+                metrics.leader.set(1)
+            term = _Term(config, configuration, metrics, write_hook)
+            if term.lead(stop, elector, started):
+                break  # told to stop
+            # Leadership lost: the term fenced its writes and stopped; stand by for the next one.
+            term = None
+            metrics.leader.set(0)
+            metrics.leadership_lost.inc()
+            assert elector is not None
+            elector.rejoin()
         return 0
     finally:
-        if controller is not None and stopped_cleanly:
-            # Told to stop: place nothing more from here (a Deployment scaled to 0 keeps this
-            # process running for the rest of its grace period, and a user then expects gated
-            # pods to wait). The guard keeps answering until the writes in flight are done.
-            controller.stop_deciding()
-        if guard_server is not None:
-            guard_server.close()
-        if endpoint is not None:
-            if stopped_cleanly:  # point the webhook at nobody rather than at a port about to close
-                try:
-                    endpoint.withdraw()
-                except FractionalError as error:
-                    log.warning("allocation guard endpoint not withdrawn", extra={"error": str(error)})
-            endpoint.close()
-        if endpoint_api is not None:
-            endpoint_api.close()  # type: ignore[no-untyped-call]
-        if close_kueue_check is not None:
-            close_kueue_check(10.0)
-        if controller is not None:
-            controller.stop()
+        if term is not None:
+            term.end(cleanly=True)
         elector_stop.set()
+        if elector is not None:
+            elector.wake()
         if elector_thread is not None:
             elector_thread.join(timeout=10)
         if elector is not None and not elector.lost.is_set():
@@ -196,6 +145,133 @@ def run_controller(
             elector_api.close()  # type: ignore[no-untyped-call]
         if server is not None:
             server.close()
+
+
+class _Term:
+    """One stretch of leading (every stretch, without leader election): the controller, the
+    allocation guard and its endpoint, the Kueue AdmissionCheck. ``lead`` runs it until ``stop``
+    (True) or a lost lease (False); it ends the term either way."""
+
+    def __init__(
+        self,
+        config: ControllerConfig,
+        configuration: Any,
+        metrics: ControllerMetrics,
+        write_hook: WriteHook | None,
+    ) -> None:
+        self.config = config
+        self.configuration = configuration
+        self.metrics = metrics
+        self.write_hook = write_hook
+        self.controller: Controller | None = None
+        self.close_kueue_check: Callable[[float], None] | None = None
+        self.guard_server: GuardServer | None = None
+        self.endpoint: GuardEndpoint | None = None
+        self.endpoint_api: Any = None
+        self.ended = False
+
+    def healthy(self) -> bool:
+        return self.controller is None or self.controller.healthy()
+
+    def lead(
+        self, stop: threading.Event, elector: LeaderElector | None, started: threading.Event | None
+    ) -> bool:
+        config, configuration = self.config, self.configuration
+        try:
+            guarded = bool(config.allocation_guard_port)
+            controller = Controller(
+                configuration=configuration, settings=settings_from_config(config), identity=config.identity,
+                metrics=self.metrics, write_hook=self.write_hook,
+                gang_sources=parse_gang_sources(config.gang_sources), guard=guarded, hold_decisions=guarded,
+            )  # fmt: skip
+            self.controller = controller
+            if guarded:
+                self.guard_server = _guard_server(config, controller)
+            controller.start()
+            release_at = time.monotonic()
+            next_endpoint_check = 0.0
+            if self.guard_server is not None:
+                self.guard_server.start()
+                if config.allocation_guard_service:
+                    self.endpoint_api = new_api_client(configuration)
+                    self.endpoint = GuardEndpoint(
+                        self.endpoint_api, namespace=config.lease_namespace,
+                        service=config.allocation_guard_service, address=config.allocation_guard_address,
+                        port=self.guard_server.port, pod_name=config.identity,
+                    )  # fmt: skip
+                    next_endpoint_check = _ensure_endpoint(self.endpoint)
+                release_at = time.monotonic() + GUARD_SETTLE_SECONDS
+            if config.kueue_admission_check:  # the AdmissionCheck fractional.dev/placement
+                kueue_settings = KueueCheckSettings(
+                    policy=config.policy,
+                    topology_label=config.topology_label,
+                    hint_profiles=config.hint_profiles,
+                )
+                self.close_kueue_check = start_admission_check(
+                    configuration, kueue_settings, fence=controller.fence
+                )
+            log.info("controller started", extra={"identity": config.identity, "policy": config.policy})
+            if started is not None:
+                started.set()
+            released = False
+            while not stop.is_set():
+                now = time.monotonic()
+                if not released and now >= release_at:
+                    controller.allow_decisions()
+                    released = True
+                if self.endpoint is not None and now >= next_endpoint_check:
+                    next_endpoint_check = _ensure_endpoint(self.endpoint)
+                # The elector notices a missed deadline only after its current round, which can block
+                # on a slow API for longer than the deadline; check the deadline here too, and fence
+                # the writer first so nothing more goes out once a successor may have taken over.
+                if controller.halted.is_set():
+                    stop.wait(POLL_SECONDS)  # a simulated crash: stay down until told to stop
+                    continue
+                if elector is not None and (elector.lost.is_set() or elector.renew_overdue()):
+                    controller.fence.set()
+                    elector.step_down("no renewal within the renew deadline")
+                    log.warning(
+                        "standing down: writes fenced, a candidate again", extra={"identity": config.identity}
+                    )
+                    self.end(cleanly=False)
+                    return False
+                stop.wait(POLL_SECONDS)
+            return True
+        except BaseException:
+            log.exception("leading ended by an error", extra={"identity": config.identity})
+            self.end(cleanly=False)
+            raise
+
+    def end(self, *, cleanly: bool) -> None:
+        """Stop what the term runs. ``cleanly`` (told to stop): the writes in flight finish and the
+        guard's endpoint is withdrawn; otherwise (lease lost) nothing more is written at all."""
+        if self.ended:
+            return
+        self.ended = True
+        controller = self.controller
+        if controller is not None:
+            if cleanly:
+                # Told to stop: place nothing more from here (a Deployment scaled to 0 keeps this
+                # process running for the rest of its grace period, and a user then expects gated
+                # pods to wait). The guard keeps answering until the writes in flight are done.
+                controller.stop_deciding()
+            else:
+                controller.fence.set()
+        if self.guard_server is not None:
+            self.guard_server.close()
+        if self.endpoint is not None:
+            if cleanly:  # point the webhook at nobody rather than at a port about to close
+                try:
+                    self.endpoint.withdraw()
+                except FractionalError as error:
+                    log.warning("allocation guard endpoint not withdrawn", extra={"error": str(error)})
+            self.endpoint.close()
+        if self.endpoint_api is not None:
+            self.endpoint_api.close()
+        if self.close_kueue_check is not None:
+            self.close_kueue_check(10.0 if cleanly else 1.0)
+        if controller is not None:
+            controller.stop()
 
 
 def _guard_server(config: ControllerConfig, controller: Controller) -> GuardServer:
