@@ -5,12 +5,17 @@ up [--control-plane-only] [--no-driver]
         kubelet nodes with their containerd, then `helm install` of the driver; prints the
         admin kubeconfig's path (.cluster/kubeconfig)
 down    stop everything it started and remove what it wrote (.cluster/, /run/fractional-cluster)
+restart COMPONENT [--down SECONDS] [--signal KILL|TERM]
+        a fault: kill one component (etcd, kube-apiserver, kube-scheduler,
+        kube-controller-manager, node-<ip with dashes>-kubelet or -containerd), keep it down,
+        start it again in place with its data and flags
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -29,6 +34,10 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--no-driver", action="store_true", help="nodes, but no helm install of the driver")
     sub.add_parser("down")
     sub.add_parser("reload")
+    restart = sub.add_parser("restart")
+    restart.add_argument("component")
+    restart.add_argument("--down", type=float, default=0.0, metavar="SECONDS", help="how long it stays down")
+    restart.add_argument("--signal", choices=("KILL", "TERM"), default="KILL")
     args = parser.parse_args(argv)
     version = os.environ.get("K8S_VERSION", DEFAULT_VERSION).lstrip("v")
     try:
@@ -38,6 +47,15 @@ def main(argv: list[str] | None = None) -> int:
 
             reload_driver(cluster, Binaries.build(version, "node"))
             print("cluster-reload: the driver runs the image just built")
+            return 0
+        if args.command == "restart":
+            if cluster.processes.get(args.component) is None:
+                names = ", ".join(p.name for p in cluster.processes.entries) or "none: no cluster is up"
+                print(f"cluster-restart: no component {args.component!r} ({names})", file=sys.stderr)
+                return 1
+            signum = signal.SIGKILL if args.signal == "KILL" else signal.SIGTERM
+            cluster.restart(args.component, down_seconds=args.down, signum=signum)
+            print(f"cluster-restart: {args.component} down {args.down:g}s, answering again")
             return 0
         if args.command == "down":
             for line in cluster.down():

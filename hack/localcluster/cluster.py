@@ -26,6 +26,7 @@ import base64
 import json
 import os
 import shutil
+import signal
 import socket
 import ssl
 import subprocess
@@ -334,6 +335,28 @@ class LocalCluster:
         if process is not None:
             self.processes.stop(process)
         self._start_scheduler(binaries)
+
+    def restart(self, name: str, *, down_seconds: float = 0.0, signum: int = signal.SIGKILL) -> float:
+        """A fault: the component ``name`` (``etcd``, ``kube-apiserver``, ``kube-scheduler``,
+        ``kube-controller-manager``, or a node's ``<key>-kubelet`` / ``<key>-containerd``) killed
+        with ``signum``, left down ``down_seconds``, and started again in place with its data and
+        flags. Returns the time.monotonic() at which it answered its health check again (for a
+        node's process: at which it was started; the kubelet's readiness is the Node's)."""
+        try:
+            self.processes.restart(name, down_seconds=down_seconds, signum=signum)
+        except ValueError as error:
+            raise ClusterError(str(error)) from error
+        local = "https://127.0.0.1"
+        health = {
+            "etcd": (f"http://127.0.0.1:{self.ports.get('etcd')}/health", False),
+            "kube-apiserver": (f"{self.apiserver_url}/readyz", True),
+            "kube-controller-manager": (f"{local}:{self.ports.get('controller-manager')}/healthz", True),
+            "kube-scheduler": (f"{local}:{self.ports.get('scheduler')}/healthz", True),
+        }
+        if name in health:
+            url, tls = health[name]
+            self._wait(url, name, tls=tls)
+        return time.monotonic()
 
     def _wait(self, url: str, name: str, *, tls: bool, timeout_seconds: float = 90.0) -> None:
         context = None

@@ -13,7 +13,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 __all__ = ["Process", "Processes", "mount_namespace_members", "process_start_time"]
@@ -33,6 +33,11 @@ class Process:
     pid: int
     start_time: str
     log: str
+    # How it was started, so that ``Processes.restart`` starts it again in place (the same flags,
+    # environment and, for a node's kubelet or containerd, the same mount namespace).
+    argv: list[str] = field(default_factory=list)
+    env: dict[str, str] | None = None
+    cwd: str | None = None
 
     def alive(self) -> bool:
         return process_start_time(self.pid) == self.start_time
@@ -76,11 +81,17 @@ class Processes:
     def start(
         self, name: str, argv: Sequence[str], *, env: dict[str, str] | None = None, cwd: Path | None = None
     ) -> Process:
+        process = self._spawn(name, list(argv), env, str(cwd) if cwd is not None else None)
+        self.entries.append(process)
+        self.save()
+        return process
+
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None, cwd: str | None) -> Process:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log = self.log_dir / f"{name}.log"
         with log.open("ab") as out:
             child = subprocess.Popen(
-                list(argv), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                 env=env, cwd=cwd, start_new_session=True,
             )  # fmt: skip
         start_time = None
@@ -90,10 +101,32 @@ class Processes:
                 break
             time.sleep(0.01)
         self._children[child.pid] = child
-        process = Process(name, child.pid, start_time or "", str(log))
-        self.entries.append(process)
+        return Process(name, child.pid, start_time or "", str(log), argv, env, cwd)
+
+    def restart(self, name: str, *, down_seconds: float = 0.0, signum: int = signal.SIGKILL) -> Process:
+        """Stop ``name`` with ``signum`` (SIGKILL: a crash, no grace), leave it down for
+        ``down_seconds``, then start it again exactly as it was started, in its place in the start
+        order. Its log goes on in the same file."""
+        index = next((i for i, p in enumerate(self.entries) if p.name == name), None)
+        if index is None:
+            raise KeyError(name)
+        process = self.entries[index]
+        if not process.argv:
+            raise ValueError(f"{name}: started without its command line recorded; bring the cluster up again")
+        _signal(process.pid, signum)
+        deadline = time.monotonic() + 10
+        own = self._children.pop(process.pid, None)
+        while process.alive() and time.monotonic() < deadline:
+            if own is not None and own.poll() is not None:
+                break
+            time.sleep(0.05)
+        if process.alive():
+            _signal(process.pid, signal.SIGKILL)
+        time.sleep(down_seconds)
+        again = self._spawn(name, process.argv, process.env, process.cwd)
+        self.entries[index] = again
         self.save()
-        return process
+        return again
 
     def get(self, name: str) -> Process | None:
         return next((p for p in self.entries if p.name == name), None)
