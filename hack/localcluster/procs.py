@@ -20,11 +20,16 @@ __all__ = ["Process", "Processes", "mount_namespace_members", "process_start_tim
 
 
 def process_start_time(pid: int) -> str | None:
+    """Its start time, or None when there is no such process or only its zombie is left (killed,
+    not yet reaped by a parent that is not ours)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text(encoding="utf-8")
     except OSError:
         return None
-    return stat.rsplit(")", 1)[1].split()[19]  # field 22: starttime, after the comm in parentheses
+    fields = stat.rsplit(")", 1)[1].split()  # after the comm in parentheses: field 3 on
+    if fields[0] == "Z":
+        return None
+    return fields[19]  # field 22: starttime
 
 
 @dataclass(frozen=True, slots=True)

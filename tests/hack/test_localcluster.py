@@ -9,6 +9,7 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 import tomllib
 from pathlib import Path
 
@@ -129,3 +130,31 @@ def test_processes_are_recorded_and_stopped_across_instances(tmp_path: Path) -> 
     first.stop(started)  # the parent reaps its child (a stopped process is left alone)
     assert not started.alive()
     assert Processes(state, tmp_path / "logs").entries == []
+
+
+def test_a_restart_starts_the_same_command_again_in_its_place_from_another_instance(tmp_path: Path) -> None:
+    """A fault from another process (the e2e suite): the recorded command line, environment and
+    directory start it again, in its place in the start order, its log appended to."""
+    state, logs = tmp_path / "state.json", tmp_path / "logs"
+    first = Processes(state, logs)
+    work = tmp_path / "work"
+    work.mkdir()
+    script = 'echo "$MARK $(pwd)"; exec sleep 30'
+    a = first.start("a", ["sleep", "30"])
+    original = first.start(
+        "b", ["sh", "-c", script], env={"MARK": "started", "PATH": "/usr/bin:/bin"}, cwd=work
+    )
+    c = first.start("c", ["sleep", "30"])
+    second = Processes(state, logs)
+    again = second.restart("b", down_seconds=0.2)
+    assert again.pid != original.pid and again.alive() and not original.alive()
+    assert [p.name for p in Processes(state, logs).entries] == ["a", "b", "c"]
+    deadline = time.monotonic() + 10
+    while (logs / "b.log").read_text().count("started") < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert (logs / "b.log").read_text().splitlines() == [f"started {work}"] * 2
+    second.stop(again, grace_seconds=2)
+    for process in (a, original, c):  # the parent reaps its own children
+        first.stop(process, grace_seconds=2)
+    with pytest.raises(KeyError):
+        second.restart("b")
