@@ -262,3 +262,32 @@ def test_room_freed_by_the_controller_requeues_a_waiting_gang(harness: Harness) 
     wait_for(
         lambda: all(cluster.ungated(n) for n in waiting), what="the waiting gang placed in the freed room"
     )
+
+
+def test_a_gang_whose_writes_keep_failing_backs_off_until_one_commit_succeeds(
+    cluster: Cluster, harness: Harness
+) -> None:
+    """While kube-apiserver refuses connections, every commit of a gang fails: each retry waits
+    longer than the last (its backoff is reset only once a commit succeeds, not when the decider
+    hands the writes over, which made the gang retry, log and undo every 0.15 s), and once the API
+    answers the gang is placed and its backoff forgotten."""
+    from driver.errors import TransientError
+
+    seen: list[int] = []
+    controllers: list[Controller] = []
+
+    def failures() -> int:
+        queue = controllers[0].queue
+        return max((queue.failures(k) for k in list(queue._failures) if "slow" in k), default=0)
+
+    def hook(record: WriteRecord) -> None:
+        if record.action == "add-finalizer" and len(seen) < 4:
+            seen.append(failures())
+            raise TransientError("connect: [Errno 111] Connection refused")
+
+    cluster.add_node("node-a", "l4-2x")
+    controllers.append(harness.start(hook=hook))
+    names = make_gang(cluster, "slow", pods=2)
+    wait_for(lambda: all(cluster.ungated(n) for n in names), what="the gang placed after four refusals")
+    assert seen == [0, 1, 2, 3], f"the backoff was reset between failed commits: {seen}"
+    wait_for(lambda: failures() == 0, what="the backoff forgotten once the gang was committed")

@@ -372,6 +372,7 @@ class Controller:
             requeue=self.queue.add,
             requeue_later=self.queue.add_rate_limited,
             requeue_after=self.queue.add_after,
+            forget=self.queue.forget,
             capacity_freed=self._bump_capacity,
             gate_seen=self._gate_seen,
             preemptor=Preemptor(
@@ -431,10 +432,10 @@ class Controller:
             self._guarded([GANG_PREFIX + g for g in gangs], lambda: reconciler.reconcile_gangs(gangs))
 
     def _guarded(self, keys: list[str], decide: Callable[[], None]) -> None:
+        """A key's backoff is reset when its writes succeed (the reconciler's ``forget``), not here:
+        deciding hands the writes over, and they may still fail."""
         try:
             decide()
-            for key in keys:
-                self.queue.forget(key)
         except Exception:  # a bug: log it once with its traceback, back off, keep serving the other keys
             log.exception("decision failed", extra={"keys": bounded(", ".join(keys))})
             for key in keys:

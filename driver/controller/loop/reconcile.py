@@ -108,6 +108,10 @@ class Reconciler:
     submit: Callable[[Job], bool]  # hands a job to the writers (blocks while they are full)
     requeue: Callable[[str], None]
     requeue_later: Callable[[str], float]  # with per-key backoff
+    # The key's work was written: reset its backoff. Called when the writes succeed, not when the
+    # decider hands them over (a reset there made a failing gang retry every 0.15 s while
+    # kube-apiserver was away, each pass logging and undoing).
+    forget: Callable[[str], None] = lambda key: None
     requeue_after: Callable[[str, float], None] = lambda key, seconds: None  # once, after that long
     capacity_freed: Callable[[], None] = lambda: None  # requeues the gangs waiting for room
     gate_seen: dict[str, float] = field(default_factory=dict)
@@ -159,6 +163,10 @@ class Reconciler:
                 self.metrics.decisions.labels(outcome="retry").inc()
                 log.info("requeued", extra={"key": bounded(keys[0]), "error": bounded(error),
                          "delay_seconds": round(delay, 3)})  # fmt: skip
+            else:
+                for key in keys:
+                    if not key.startswith(GANG_PREFIX):  # a gang's commit says itself (_commit)
+                        self.forget(key)
             finally:
                 with self._lock:
                     for key in keys:
@@ -411,6 +419,8 @@ class Reconciler:
             log.info(
                 "ungating requeued", extra={"gang": plan.key, "error": bounded(error), "delay_seconds": delay}
             )
+            return
+        self.forget(GANG_PREFIX + plan.key)
 
     def _give_back(self, writer: ApiWriter, plan: GangPlan, decision: Decision, written: list[dict[str, Any]],
                    *, requeue: bool) -> None:  # fmt: skip

@@ -58,6 +58,11 @@ class WorkQueue:
         self.add_after(key, delay)
         return delay
 
+    def failures(self, key: str) -> int:
+        """How many times in a row ``key`` was re-added with backoff since it last succeeded."""
+        with self._condition:
+            return self._failures.get(key, 0)
+
     def forget(self, key: str) -> None:
         """The key succeeded: reset its backoff."""
         with self._condition:
