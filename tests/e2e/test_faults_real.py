@@ -46,14 +46,33 @@ NODE = "198.18.0.2"  # the h100-8x node
 # -- faults ---------------------------------------------------------------------------------------------
 
 
-def _restart(component: str, down: float) -> float:
+# kube-scheduler's and kube-controller-manager's renew deadline (client-go's default, and theirs).
+UPSTREAM_RENEW_DEADLINE_SECONDS = 10.0
+
+
+def _restart(component: str, down: float, *, signal: str = "KILL") -> float:
     """Kill ``component`` (SIGKILL), keep it down ``down`` seconds, start it again; returns when it
     answers its health check again (time.monotonic())."""
     subprocess.run(
-        [sys.executable, "hack/localcluster", "restart", component, "--down", str(down)],
+        [sys.executable, "hack/localcluster", "restart", component, "--down", str(down), "--signal", signal],
         cwd=REPO_ROOT, check=True, timeout=240,
     )  # fmt: skip
     return time.monotonic()
+
+
+def _outage(component: str, down: float) -> float:
+    """A control-plane outage as a real control plane has it. The local cluster runs kube-scheduler
+    and kube-controller-manager without leader election (one of each); a real one runs them with it,
+    and each exits when it cannot renew its lease within 10 s, to be restarted by its kubelet. So
+    after an outage that long they are restarted here too: kept running instead, kube-scheduler once
+    kept devices in use in its own view after such outages (a pod handed to it later stayed
+    "cannot allocate all claims" beside free GPUs until it was restarted)."""
+    started = time.monotonic()
+    end = _restart(component, down)
+    if end - started > UPSTREAM_RENEW_DEADLINE_SECONDS:
+        for lost_its_lease in ("kube-scheduler", "kube-controller-manager"):
+            _restart(lost_its_lease, 0, signal="TERM")
+    return end
 
 
 def _node_key(node: str) -> str:
@@ -218,9 +237,9 @@ def _gang_work(namespace: str) -> list[str]:
 
 FAULTS: dict[str, Callable[[], float] | None] = {
     "none": None,
-    "kube-apiserver-3s": lambda: _restart("kube-apiserver", 3),
-    "kube-apiserver-15s": lambda: _restart("kube-apiserver", 15),
-    "etcd-5s": lambda: _restart("etcd", 5),
+    "kube-apiserver-3s": lambda: _outage("kube-apiserver", 3),
+    "kube-apiserver-15s": lambda: _outage("kube-apiserver", 15),
+    "etcd-5s": lambda: _outage("etcd", 5),
     "leader-pod-deleted": _delete_leader,
 }
 
