@@ -70,6 +70,15 @@ DEFAULT_VERSION = "1.37.2"
 SERVICE_CIDR = "10.0.0.0/24"
 
 
+# Each control-plane component's health check: its port's name in ``ports``, the path, and TLS.
+CONTROL_PLANE_HEALTH = {
+    "etcd": ("etcd", "/health", False),
+    "kube-apiserver": ("apiserver", "/readyz", True),
+    "kube-controller-manager": ("controller-manager", "/healthz", True),
+    "kube-scheduler": ("scheduler", "/healthz", True),
+}
+
+
 class ClusterError(RuntimeError):
     """The cluster could not be started; the message says which component and where its log is."""
 
@@ -254,7 +263,7 @@ class LocalCluster:
                 "--unsafe-no-fsync",  # a throwaway cluster on a shared disk: durability is not the point
             ],
         )  # fmt: skip
-        self._wait(f"{client}/health", "etcd", tls=False)
+        self._wait_healthy("etcd")
 
     def _start_apiserver(self, binaries: Binaries, pki: Pki) -> None:
         _, runtime_config = RELEASES[self.release]
@@ -290,7 +299,7 @@ class LocalCluster:
                 *self.extra_args.get("kube-apiserver", ()),
             ],
         )  # fmt: skip
-        self._wait(f"{self.apiserver_url}/readyz", "kube-apiserver", tls=True)
+        self._wait_healthy("kube-apiserver")
 
     def _start_controller_manager(self, binaries: Binaries, pki: Pki) -> None:
         kubeconfig = str(self.state_dir / "controller-manager.kubeconfig")
@@ -308,11 +317,7 @@ class LocalCluster:
                 *self.extra_args.get("kube-controller-manager", ()),
             ],
         )  # fmt: skip
-        self._wait(
-            f"https://127.0.0.1:{self.ports['controller-manager']}/healthz",
-            "kube-controller-manager",
-            tls=True,
-        )
+        self._wait_healthy("kube-controller-manager")
 
     def _start_scheduler(self, binaries: Binaries) -> None:
         kubeconfig = str(self.state_dir / "scheduler.kubeconfig")
@@ -326,7 +331,7 @@ class LocalCluster:
                 f"--feature-gates={self.feature_gates()}", *self.extra_args.get("kube-scheduler", ()),
             ],
         )  # fmt: skip
-        self._wait(f"https://127.0.0.1:{self.ports['scheduler']}/healthz", "kube-scheduler", tls=True)
+        self._wait_healthy("kube-scheduler")
 
     def restart_scheduler(self, binaries: Binaries) -> None:
         """kube-scheduler stopped and started again with the ``extra_args`` as they are now (a
@@ -346,17 +351,14 @@ class LocalCluster:
             self.processes.restart(name, down_seconds=down_seconds, signum=signum)
         except ValueError as error:
             raise ClusterError(str(error)) from error
-        local = "https://127.0.0.1"
-        health = {
-            "etcd": (f"http://127.0.0.1:{self.ports.get('etcd')}/health", False),
-            "kube-apiserver": (f"{self.apiserver_url}/readyz", True),
-            "kube-controller-manager": (f"{local}:{self.ports.get('controller-manager')}/healthz", True),
-            "kube-scheduler": (f"{local}:{self.ports.get('scheduler')}/healthz", True),
-        }
-        if name in health:
-            url, tls = health[name]
-            self._wait(url, name, tls=tls)
+        if name in CONTROL_PLANE_HEALTH:
+            self._wait_healthy(name)
         return time.monotonic()
+
+    def _wait_healthy(self, name: str) -> None:
+        """Until the control-plane component ``name`` answers its health check."""
+        port, path, tls = CONTROL_PLANE_HEALTH[name]
+        self._wait(f"{'https' if tls else 'http'}://127.0.0.1:{self.ports[port]}{path}", name, tls=tls)
 
     def _wait(self, url: str, name: str, *, tls: bool, timeout_seconds: float = 90.0) -> None:
         context = None

@@ -118,15 +118,7 @@ class Processes:
         process = self.entries[index]
         if not process.argv:
             raise ValueError(f"{name}: started without its command line recorded; bring the cluster up again")
-        _signal(process.pid, signum)
-        deadline = time.monotonic() + 10
-        own = self._children.pop(process.pid, None)
-        while process.alive() and time.monotonic() < deadline:
-            if own is not None and own.poll() is not None:
-                break
-            time.sleep(0.05)
-        if process.alive():
-            _signal(process.pid, signal.SIGKILL)
+        self._end(process, signum, grace_seconds=10.0)
         time.sleep(down_seconds)
         again = self._spawn(name, process.argv, process.env, process.cwd)
         self.entries[index] = again
@@ -137,22 +129,27 @@ class Processes:
         return next((p for p in self.entries if p.name == name), None)
 
     def stop(self, process: Process, *, grace_seconds: float = 10.0) -> None:
+        self._end(process, signal.SIGTERM, grace_seconds=grace_seconds)
+        self.entries = [p for p in self.entries if p is not process and p.pid != process.pid]
+        self.save()
+
+    def _end(self, process: Process, signum: int, *, grace_seconds: float) -> None:
+        """Send ``signum``, wait up to ``grace_seconds`` for it to go, then SIGKILL; reap it when it
+        is our own child (not left a zombie that looks alive)."""
         if process.alive():
-            _signal(process.pid, signal.SIGTERM)
+            _signal(process.pid, signum)
             deadline = time.monotonic() + grace_seconds
             own = self._children.get(process.pid)
             while process.alive() and time.monotonic() < deadline:
                 if own is not None and own.poll() is not None:
-                    break  # our own child exited: reaped now, not left a zombie that looks alive
-                time.sleep(0.1)
+                    break  # our own child exited: reaped now
+                time.sleep(0.05)
             if process.alive():
                 _signal(process.pid, signal.SIGKILL)
         child = self._children.pop(process.pid, None)
         if child is not None:  # our own child: reap it
             with contextlib.suppress(subprocess.TimeoutExpired):
                 child.wait(timeout=1)
-        self.entries = [p for p in self.entries if p is not process and p.pid != process.pid]
-        self.save()
 
 
 def _signal(pid: int, signum: int) -> None:

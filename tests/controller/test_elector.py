@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -102,9 +104,20 @@ def test_writer_behind_a_set_fence_sends_nothing(api_server: APIServer, api_clie
     assert api_server.request_count("update") == 0
 
 
-def _run_in_thread(
-    config: ControllerConfig, clock: FakeClock
-) -> tuple[threading.Event, threading.Event, list[int], threading.Thread]:
+@dataclass
+class _Replica:
+    started: threading.Event  # set each time it leads and its controller runs
+    result: list[int]  # run_controller's return value, once it has returned
+    thread: threading.Thread
+
+
+@contextlib.contextmanager
+def _replica_a(kubeconfig_file: Path, clock: FakeClock, **timings: float) -> Iterator[_Replica]:
+    """``run_controller`` as replica "a" with leader election and these lease timings, in a thread;
+    told to stop (and joined) on the way out."""
+    config = ControllerConfig(
+        kubeconfig=str(kubeconfig_file), metrics_port=0, leader_elect=True, identity="a", **timings
+    )  # type: ignore[arg-type]
     stop, started, result = threading.Event(), threading.Event(), []
     thread = threading.Thread(
         target=lambda: result.append(run_controller(config, stop, clock=clock, started=started)),
@@ -112,71 +125,58 @@ def _run_in_thread(
         daemon=True,
     )
     thread.start()
-    return stop, started, result, thread
+    try:
+        yield _Replica(started, result, thread)
+    finally:
+        stop.set()
+        thread.join(20)
 
 
 def test_a_leader_past_its_renew_deadline_stands_down_in_place_and_leads_again_when_the_lease_is_still_its(
-    api_server: APIServer,
-    api_client: client.ApiClient,
-    kubeconfig_file: Path,
-    caplog: pytest.LogCaptureFixture,
+    api_client: client.ApiClient, kubeconfig_file: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     # The elector's next round is 20 s away (as if it were blocked on a slow API); its clock says the
     # last renewal is older than the renew deadline, so a successor may soon take over: the replica
     # stops its term at once, without waiting for the elector, and does not exit. Nobody else took
     # the lease (as when kube-apiserver itself was away), so it renews it and leads again.
     clock = FakeClock()
-    config = ControllerConfig(
-        kubeconfig=str(kubeconfig_file), metrics_port=0, leader_elect=True, identity="a",
-        lease_duration_seconds=30, renew_deadline_seconds=25, retry_period_seconds=20,
-    )  # fmt: skip
-    stop, started, result, thread = _run_in_thread(config, clock)
-    try:
-        assert started.wait(20), "never became leader"
-        started.clear()
+    timings = {"lease_duration_seconds": 30, "renew_deadline_seconds": 25, "retry_period_seconds": 20}
+    with _replica_a(kubeconfig_file, clock, **timings) as a:
+        assert a.started.wait(20), "never became leader"
+        a.started.clear()
         with caplog.at_level("WARNING", logger="driver.controller.loop.run"):
             clock.seconds += 26
-            assert started.wait(20), "did not lead again"
+            assert a.started.wait(20), "did not lead again"
         assert any("standing down" in r.getMessage() for r in caplog.records)
-        assert thread.is_alive() and result == [], "the process ended instead of standing down"
+        assert a.thread.is_alive() and a.result == [], "the process ended instead of standing down"
         lease = client.CoordinationV1Api(api_client).read_namespaced_lease(LEASE, "default")
         assert lease.spec.holder_identity == "a"
         assert lease.spec.lease_transitions == 0
-    finally:
-        stop.set()
-        thread.join(20)
-    assert result == [0]
+    assert a.result == [0]
 
 
 def test_a_replica_that_lost_its_lease_to_another_waits_as_a_candidate_and_takes_over_on_release(
     api_client: client.ApiClient, kubeconfig_file: Path
 ) -> None:
     clock = FakeClock()
-    config = ControllerConfig(
-        kubeconfig=str(kubeconfig_file), metrics_port=0, leader_elect=True, identity="a",
-        lease_duration_seconds=3, renew_deadline_seconds=2, retry_period_seconds=0.5,
-    )  # fmt: skip
-    stop, started, result, thread = _run_in_thread(config, clock)
+    timings = {"lease_duration_seconds": 3, "renew_deadline_seconds": 2, "retry_period_seconds": 0.5}
     b = _elector(api_client, "b", FakeClock(), name=LEASE)
-    try:
-        assert started.wait(20), "never became leader"
-        started.clear()
+    with _replica_a(kubeconfig_file, clock, **timings) as a:
+        assert a.started.wait(20), "never became leader"
+        a.started.clear()
         # b takes the lease over (as if b's clock had seen a's lease run out), then a's clock passes
         # its renew deadline: a stands down and, b's lease being fresh, waits as a candidate.
         client.CoordinationV1Api(api_client).patch_namespaced_lease(
             LEASE, "default", {"spec": {"holderIdentity": "b", "leaseDurationSeconds": 3600}}
         )
         clock.seconds += 5
-        assert not started.wait(3), "led again while b holds a fresh lease"
-        assert thread.is_alive() and result == []
+        assert not a.started.wait(3), "led again while b holds a fresh lease"
+        assert a.thread.is_alive() and a.result == []
         b.leading.set()
         b.step()  # b renews, then releases on a clean stop: a takes over at once
         b.release()
-        assert started.wait(20), "did not take over after b released the lease"
-    finally:
-        stop.set()
-        thread.join(20)
-    assert result == [0]
+        assert a.started.wait(20), "did not take over after b released the lease"
+    assert a.result == [0]
 
 
 @pytest.mark.parametrize(

@@ -35,6 +35,7 @@ __all__ = [
     "kubectl",
     "list_items",
     "node_dir",
+    "node_key",
     "pod",
     "pod_env",
     "wait_for",
@@ -90,10 +91,15 @@ def cluster_problem() -> str | None:
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
+def node_key(node: str) -> str:
+    """The local cluster's name for a node's directory and processes (``node-198-18-0-2``)."""
+    return "node-" + node.replace(".", "-")
+
+
 def node_dir(node: str) -> Path:
     """A node's own directory on this machine (the local cluster only): its ``cdi/`` is the node's
     ``/var/run/cdi`` and its ``kubelet/`` the node's ``/var/lib/kubelet``."""
-    return REPO_ROOT / ".cluster" / "nodes" / ("node-" + node.replace(".", "-"))
+    return REPO_ROOT / ".cluster" / "nodes" / node_key(node)
 
 
 def cdi_files(node: str) -> set[str]:

@@ -26,10 +26,21 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from e2e_support import LOCAL_CLUSTER, REPO_ROOT, apply, cdi_files, get, kubectl, list_items, pod, wait_for
-from test_driver import POD_START_SECONDS, gpu_request, template
+from e2e_support import (
+    LOCAL_CLUSTER,
+    REPO_ROOT,
+    apply,
+    cdi_files,
+    get,
+    kubectl,
+    list_items,
+    node_key,
+    pod,
+    wait_for,
+)
+from test_driver import POD_START_SECONDS, _agent_pod, _ready, gpu_request, template
 from test_leader_failover import LEASE, RELEASE_NAMESPACE, _gang
-from test_two_allocators import _booked, _capacities
+from test_two_allocators import _capacities, _Sampler
 
 pytestmark = [
     pytest.mark.e2e,
@@ -51,8 +62,8 @@ UPSTREAM_RENEW_DEADLINE_SECONDS = 10.0
 
 
 def _restart(component: str, down: float, *, signal: str = "KILL") -> float:
-    """Kill ``component`` (SIGKILL), keep it down ``down`` seconds, start it again; returns when it
-    answers its health check again (time.monotonic())."""
+    """Kill ``component`` with ``signal`` (KILL: a crash), keep it down ``down`` seconds, start it
+    again; returns when it answers its health check again (time.monotonic())."""
     subprocess.run(
         [sys.executable, "hack/localcluster", "restart", component, "--down", str(down), "--signal", signal],
         cwd=REPO_ROOT, check=True, timeout=240,
@@ -75,25 +86,11 @@ def _outage(component: str, down: float) -> float:
     return end
 
 
-def _node_key(node: str) -> str:
-    return "node-" + node.replace(".", "-")
-
-
 def _delete_leader() -> float:
     leader = str(get("lease", LEASE, RELEASE_NAMESPACE)["spec"].get("holderIdentity") or "")
     assert leader, "no controller replica holds the lease"
     kubectl("delete", "pod", "-n", RELEASE_NAMESPACE, leader, "--grace-period=0", "--force")
     return time.monotonic()
-
-
-def _agent_pod(node: str) -> str:
-    pods = list_items(
-        "pods", "-n", RELEASE_NAMESPACE, "-l", "app.kubernetes.io/component=agent",
-        "--field-selector", f"spec.nodeName={node}",
-    )  # fmt: skip
-    live = [p["metadata"]["name"] for p in pods if not p["metadata"].get("deletionTimestamp")]
-    assert len(live) == 1, live
-    return live[0]
 
 
 # -- work -----------------------------------------------------------------------------------------------
@@ -175,16 +172,10 @@ def _cdi_uids(node: str) -> set[str]:
 
 
 def _check_invariants(names: list[str], namespace: str, restarts_before: dict[str, int]) -> None:
-    capacity = _capacities()
-    booked, doubled = _booked(list_items("resourceclaims", "--all-namespaces"))
-    over = [
-        f"{device[0]}/{device[1]} {dimension}: {total:.0f} > {capacity[device][dimension]:.0f}"
-        for device, dimensions in booked.items()
-        for dimension, total in dimensions.items()
-        if device in capacity and dimension in capacity[device] and total > capacity[device][dimension]
-    ]
-    assert not over, f"devices booked past capacity: {over}"
-    assert not doubled, f"claims naming one device twice: {doubled}"
+    booked = _Sampler(_capacities(), namespace)
+    booked.sample()  # every claim in the cluster, once
+    assert not booked.over, f"devices booked past capacity: {booked.over}"
+    assert not booked.doubled, f"claims naming one device twice: {booked.doubled}"
     assert _all_running(names, namespace), "a pod of the work is not running"
     nodes = [n["metadata"]["name"] for n in list_items("nodes")]
 
@@ -266,28 +257,30 @@ def test_running_shares_survive_a_restart_of_their_nodes(user_namespace: str, pr
     containers = {name: _container_id(name, user_namespace) for name in names}
     cdi_before = _cdi_uids(NODE)
     before = _driver_restarts()
-    agent = _agent_pod(NODE)
-    _restart(f"{_node_key(NODE)}-{process}", 3)
-    wait_for(lambda: _node_ready(NODE), timeout=120, what=f"node {NODE} Ready after its {process} restarted")
+    agent = _agent_pod(NODE)["metadata"]["name"]
+    _restart(f"{node_key(NODE)}-{process}", 3)
+    wait_for(
+        lambda: _ready(get("node", NODE)),
+        timeout=120,
+        what=f"node {NODE} Ready after its {process} restarted",
+    )
     assert {name: _container_id(name, user_namespace) for name in names} == containers, (
         "a share's container changed"
     )
     assert _cdi_uids(NODE) >= cdi_before, "a live claim's CDI spec went away"
     later = _burst(user_namespace, 1, node=NODE, prefix="after")
-    _run_check = names + later
+    every = names + later
     wait_for(
-        lambda: _all_running(_run_check, user_namespace),
-        timeout=POD_START_SECONDS,
-        what="a new share on the node",
+        lambda: _all_running(every, user_namespace), timeout=POD_START_SECONDS, what="a new share on the node"
     )
-    assert _agent_pod(NODE) == agent, "the agent's pod was replaced"
-    _check_invariants(_run_check, user_namespace, before)
+    assert _agent_pod(NODE)["metadata"]["name"] == agent, "the agent's pod was replaced"
+    _check_invariants(every, user_namespace, before)
 
 
 def test_shares_being_prepared_when_their_nodes_agent_is_deleted_all_run(user_namespace: str) -> None:
     _settled(user_namespace)
     before = _driver_restarts()
-    agent = _agent_pod(NODE)
+    agent = _agent_pod(NODE)["metadata"]["name"]
     names = _burst(user_namespace, 10, node=NODE)
     time.sleep(1.0)  # the first of them reach the kubelet
     kubectl("delete", "pod", "-n", RELEASE_NAMESPACE, agent, "--grace-period=0", "--force")
@@ -298,8 +291,3 @@ def test_shares_being_prepared_when_their_nodes_agent_is_deleted_all_run(user_na
 def _container_id(name: str, namespace: str) -> tuple[str, int]:
     (status,) = get("pod", name, namespace)["status"]["containerStatuses"]
     return str(status.get("containerID")), int(status.get("restartCount", 0))
-
-
-def _node_ready(node: str) -> bool:
-    conditions = get("node", node)["status"].get("conditions", [])
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)

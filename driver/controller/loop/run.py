@@ -23,7 +23,8 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+
+from kubernetes import client
 
 from driver.config import ControllerConfig
 from driver.controller.guard import GuardEndpoint, GuardServer
@@ -155,7 +156,7 @@ class _Term:
     def __init__(
         self,
         config: ControllerConfig,
-        configuration: Any,
+        configuration: client.Configuration,
         metrics: ControllerMetrics,
         write_hook: WriteHook | None,
     ) -> None:
@@ -167,7 +168,7 @@ class _Term:
         self.close_kueue_check: Callable[[float], None] | None = None
         self.guard_server: GuardServer | None = None
         self.endpoint: GuardEndpoint | None = None
-        self.endpoint_api: Any = None
+        self.endpoint_api: client.ApiClient | None = None
         self.ended = False
 
     def healthy(self) -> bool:
@@ -221,12 +222,12 @@ class _Term:
                     released = True
                 if self.endpoint is not None and now >= next_endpoint_check:
                     next_endpoint_check = _ensure_endpoint(self.endpoint)
-                # The elector notices a missed deadline only after its current round, which can block
-                # on a slow API for longer than the deadline; check the deadline here too, and fence
-                # the writer first so nothing more goes out once a successor may have taken over.
                 if controller.halted.is_set():
                     stop.wait(POLL_SECONDS)  # a simulated crash: stay down until told to stop
                     continue
+                # The elector notices a missed deadline only after its current round, which can block
+                # on a slow API for longer than the deadline; check the deadline here too, and fence
+                # the writer first so nothing more goes out once a successor may have taken over.
                 if elector is not None and (elector.lost.is_set() or elector.renew_overdue()):
                     controller.fence.set()
                     elector.step_down("no renewal within the renew deadline")
@@ -267,7 +268,7 @@ class _Term:
                     log.warning("allocation guard endpoint not withdrawn", extra={"error": str(error)})
             self.endpoint.close()
         if self.endpoint_api is not None:
-            self.endpoint_api.close()
+            self.endpoint_api.close()  # type: ignore[no-untyped-call]
         if self.close_kueue_check is not None:
             self.close_kueue_check(10.0 if cleanly else 1.0)
         if controller is not None:
