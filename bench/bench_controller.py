@@ -44,6 +44,7 @@ from kubernetes import client
 
 from bench._common import summary, write_result
 from driver.controller import Controller, ReconcilerSettings
+from driver.controller.loop.run import freeze_heap
 from driver.inventory.fake import load_profile, resolve_profile
 from driver.kube import load_configuration
 from driver.slices import build_device_classes, build_resource_slices
@@ -196,6 +197,7 @@ def run_once(
             controller.start()
             if not controller.wait_synced(120):
                 raise SystemExit("controller caches did not sync")
+            freeze_heap()  # as `fractional controller` does after its first complete view
             synced = time.monotonic()
             ours_before, theirs_before = time.process_time(), process_cpu_seconds(process.pid)
             wait_latencies(controller, args.pods, timeout=600)

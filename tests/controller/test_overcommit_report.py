@@ -74,6 +74,18 @@ def test_compute_overcommits(
         assert "fractional.dev/node-a/gpu-0" in overcommit.describe()
 
 
+def test_only_the_devices_asked_about_are_compared() -> None:
+    """A commit checks its own devices (``only``): the answer is the full one, cut to them."""
+    two = a_slice("24Gi")
+    two["spec"]["devices"].append({"name": "gpu-1", "capacity": {"memory": {"value": "24Gi"}}})
+    claims = [a_claim(f"c{i}", allocation(f"gpu-{i % 2}", "16Gi")) for i in range(4)]
+    everything = compute_overcommits([two], claims)
+    assert {o.device[2] for o in everything} == {"gpu-0", "gpu-1"}
+    ours = ("fractional.dev", "node-a", "gpu-1")
+    assert compute_overcommits([two], claims, only=[ours]) == tuple(o for o in everything if o.device == ours)
+    assert compute_overcommits([two], claims, only=[]) == ()
+
+
 @pytest.mark.timeout(60)
 def test_overcommit_reported_once_on_each_claim(cluster: Cluster) -> None:
     cluster.add_node("node-a", "l4-2x")  # L4s: 22Gi usable each, published as one shared device

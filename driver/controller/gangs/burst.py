@@ -23,6 +23,7 @@ from driver.controller.gangs.decide import (
 )
 from driver.controller.gangs.plan import GangPlan
 from driver.controller.gangs.topology import decide_in_domains
+from driver.controller.model.objects import Resources
 from driver.controller.view.cache import ClusterCache
 from driver.errors import AllocationError
 
@@ -72,6 +73,14 @@ def _burst(
     ]  # fmt: skip
     if len(batch) > 1 and policy != FRAGMENTATION:  # it ranks each pod's nodes in turn
         exclusions = Exclusions(cache)
+        # Each plan's excluded nodes, once per burst: nothing is assumed until the burst is placed,
+        # so a retry after a group that did not fit sees the same ones; plans whose smallest pod is
+        # the same share the scan of every node's room (a backlog of like pods: one scan).
+        without_room: dict[Resources, frozenset[str]] = {}
+        excluded = {
+            index: exclusions.of(plans[index]) | room_exclusions(cache, plans[index], memo=without_room)
+            for index in batch
+        }
         while batch:
             groups, pod_groups, excludes = [], [], []
             for index in batch:
@@ -83,7 +92,7 @@ def _burst(
                         claims.extend(group.pending_claims)
                 groups.append(claims)
                 pod_groups.append(members)
-                excludes.append(exclusions.of(plans[index]) | room_exclusions(cache, plans[index]))
+                excludes.append(excluded[index])
             try:
                 placed = cache.state.allocate_many(
                     groups, node=None, policy=policy, pod_groups=pod_groups, exclude_nodes=excludes

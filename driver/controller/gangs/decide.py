@@ -159,17 +159,25 @@ class Exclusions:
         return frozenset(excluded)
 
 
-def room_exclusions(cache: ClusterCache, plan: GangPlan) -> frozenset[str]:
+def room_exclusions(
+    cache: ClusterCache, plan: GangPlan, *, memo: dict[Resources, frozenset[str]] | None = None
+) -> frozenset[str]:
     """Nodes that cannot take even the smallest pod of ``plan`` that still needs devices (its CPU,
     memory and pod slot, against what is bound or placed there now): the allocator never looks at
-    them. Exact for a gang of one; for larger gangs ``node_fit`` still checks the pods together."""
+    them. Exact for a gang of one; for larger gangs ``node_fit`` still checks the pods together.
+    ``memo`` keeps the answer per smallest pod while nothing is assumed (one burst): the scan is of
+    every node."""
     wanting = [pod_requests(p) for g in plan.groups if g.pending_claims for p in g.pods]
     if not wanting:
         return frozenset()
     smallest = Resources(
         min(r.cpu_millis for r in wanting), min(r.memory_bytes for r in wanting), min(r.pods for r in wanting)
     )
-    return cache.nodes_without_room(smallest)
+    if memo is None:
+        return cache.nodes_without_room(smallest)
+    if smallest not in memo:
+        memo[smallest] = cache.nodes_without_room(smallest)
+    return memo[smallest]
 
 
 def static_exclusions(cache: ClusterCache, plan: GangPlan) -> frozenset[str]:

@@ -489,7 +489,7 @@ class Reconciler:
         pools = {(driver, pool) for driver, pool, _device in ours}
         slices = self.cache.in_pools(Kind.SLICE, pools)
         claims = [c for c in self.cache.in_pools(Kind.CLAIM, pools) if _devices_of(c) & ours]
-        for overcommit in compute_overcommits(slices, claims):
+        for overcommit in compute_overcommits(slices, claims, only=ours):
             if overcommit.device in ours:
                 return f"device {overcommit.device_name}, booked past its {overcommit.dimension} meanwhile"
         return ""

@@ -45,12 +45,16 @@ class Overcommit:
         )
 
 
-def _published(slices: Iterable[Mapping[str, Any]]) -> dict[DeviceKey, dict[str, Decimal]]:
+def _published(
+    slices: Iterable[Mapping[str, Any]], only: frozenset[DeviceKey] | None
+) -> dict[DeviceKey, dict[str, Decimal]]:
     found: dict[DeviceKey, dict[str, Decimal]] = {}
     for resource_slice in slices:
         spec = resource_slice.get("spec") or {}
         driver, pool = str(spec.get("driver", "")), str((spec.get("pool") or {}).get("name", ""))
         for device in spec.get("devices") or ():
+            if only is not None and (driver, pool, str(device.get("name", ""))) not in only:
+                continue
             capacity: dict[str, Decimal] = {}
             for name, value in (device.get("capacity") or {}).items():
                 try:
@@ -62,11 +66,15 @@ def _published(slices: Iterable[Mapping[str, Any]]) -> dict[DeviceKey, dict[str,
 
 
 def compute_overcommits(
-    slices: Iterable[Mapping[str, Any]], claims: Iterable[Mapping[str, Any]]
+    slices: Iterable[Mapping[str, Any]],
+    claims: Iterable[Mapping[str, Any]],
+    *,
+    only: Iterable[DeviceKey] | None = None,
 ) -> tuple[Overcommit, ...]:
     """Every (device, dimension) the allocated ``claims`` hold beyond what ``slices`` publish,
-    sorted. Devices no slice publishes (a node being removed) are left out: nothing to compare."""
-    published = _published(slices)
+    sorted. Devices no slice publishes (a node being removed) are left out: nothing to compare;
+    so are devices outside ``only``, when given (a commit checks its own devices, not their pool's)."""
+    published = _published(slices, None if only is None else frozenset(only))
     consumed: dict[DeviceKey, dict[str, Decimal]] = {}
     holders: dict[DeviceKey, set[str]] = {}
     exclusive: dict[DeviceKey, int] = {}

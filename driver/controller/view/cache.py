@@ -73,6 +73,15 @@ def _placement_view(node: dict[str, Any]) -> tuple[Any, Any]:
     return (node.get("metadata") or {}).get("labels"), node.get("spec")
 
 
+def _trim(obj: dict[str, Any]) -> None:
+    """Drop ``metadata.managedFields`` from an object about to be held (as kube-scheduler's and
+    kube-controller-manager's informers do): nothing here reads them, a write that leaves them out
+    keeps the live ones on the server, and they are a third of a pod's size (its fieldsV1 trees)."""
+    metadata = obj.get("metadata")
+    if isinstance(metadata, dict):
+        metadata.pop("managedFields", None)
+
+
 def _uid(obj: dict[str, Any]) -> str:
     return str((obj.get("metadata") or {}).get("uid") or object_key(obj))
 
@@ -151,6 +160,7 @@ class ClusterCache:
         """Apply one watch event; returns (applied, the object held before). ``rejected``: why the
         object as read cannot be trusted (cut by the bounded decoder); the worker leaves it alone."""
         key = object_key(obj)
+        _trim(obj)
         with self.lock:
             old = self._objects[kind].get(key)
             if event_type == "DELETED":

@@ -1,0 +1,58 @@
+"""The cache holds no managedFields (as kube-scheduler's informers): they are a third of a pod and
+nothing here reads them. A write built from a cached object leaves them out, and the server keeps
+the live ones: the claim's creator still owns its spec after our finalizer and allocation."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from driver.controller.view.cache import ClusterCache, Kind
+from tests.controller.conftest import NAMESPACE, Cluster, RunningController, gated_pod, gpu_claim, wait_for
+
+pytestmark = pytest.mark.shared  # also run on the real apiserver (--cluster=real)
+
+
+def test_an_object_is_held_without_its_managed_fields() -> None:
+    cache = ClusterCache(topology_label="zone")
+    entry = {
+        "manager": "kubectl",
+        "operation": "Update",
+        "fieldsType": "FieldsV1",
+        "fieldsV1": {"f:spec": {}},
+    }
+    pod: dict[str, Any] = {
+        "metadata": {
+            "name": "p",
+            "namespace": "ns",
+            "uid": "u",
+            "resourceVersion": "1",
+            "managedFields": [entry],
+        },
+        "spec": {"containers": [{"name": "c"}]},
+    }
+    cache.apply(Kind.POD, "ADDED", pod)
+    held = cache.get(Kind.POD, "ns/p")
+    assert held is not None and "managedFields" not in held["metadata"]
+    assert held["metadata"]["uid"] == "u" and held["spec"] == {"containers": [{"name": "c"}]}
+
+
+def test_writes_from_the_trimmed_cache_keep_the_servers_managed_fields(
+    cluster: Cluster, controller: Callable[..., RunningController]
+) -> None:
+    cluster.add_node("node-a", "h100-8x")
+    cluster.resource.create_namespaced_resource_claim(
+        NAMESPACE, gpu_claim("kept", memory="12Gi", compute=15), field_manager="tenant"
+    )
+    cluster.create_pod(gated_pod("kept-pod", ["kept"]))
+    controller()
+    wait_for(lambda: cluster.ungated("kept-pod"), what="gate removed")
+    claim = cluster.claim("kept")
+    assert claim is not None and claim["status"]["allocation"]
+    entries = claim["metadata"]["managedFields"]
+    spec_owners = {e["manager"] for e in entries if "f:spec" in (e.get("fieldsV1") or {})}
+    assert "tenant" in spec_owners, entries  # the creator's entry outlived our PUT without it
+    assert any(e.get("subresource") == "status" and e["manager"] != "tenant" for e in entries), entries
+    assert any("f:finalizers" in (e.get("fieldsV1") or {}).get("f:metadata", {}) for e in entries), entries
