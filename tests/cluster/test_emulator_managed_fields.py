@@ -139,3 +139,28 @@ def test_a_second_item_under_a_map_lists_key_is_compared_as_the_definition_does(
         == _by_definition(old, new, schema, False)
         == {("f:spec", "f:containers", 'k:{"name":"c"}', "f:extra")}
     )
+
+
+@settings(max_examples=300, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), which=st.sampled_from([(POD, A_POD), (CLAIM, A_CLAIM)]),
+       status=st.booleans(), same=st.booleans())  # fmt: skip
+def test_both_sides_walked_together_give_the_trees_walked_apart(
+    seed: int, which: tuple[ResourceType, dict[str, Any]], status: bool, same: bool
+) -> None:
+    """``_fields_pair`` shares the tree of a field equal on both sides (a pod's spec on a status
+    write): the trees, and so the paths and the entries a write records, are those of two walks."""
+    rnd = random.Random(seed)
+    rtype, base = which
+    old = _mutated(base, rnd)
+    new = copy.deepcopy(old) if same else _mutated(old, rnd)
+    schema = apply._root_schema(rtype)
+    try:
+        apart = (apply.fields_of(old, schema, top=True, status=status),
+                 apply.fields_of(new, schema, top=True, status=status))  # fmt: skip
+    except (TypeError, AttributeError):
+        return
+    together = apply._fields_pair(old, new, schema, top=True, status=status)
+    assert together == apart
+    memo: dict[int, set[Any]] = {}
+    assert apply._flatten(together[1], memo=memo) == apply._flatten(apart[1])
+    assert apply._flatten(together[0], memo=memo) == apply._flatten(apart[0])
