@@ -365,10 +365,16 @@ class SlicePublisher:
         if "ownerReferences" in desired["metadata"]:
             metadata["ownerReferences"] = desired["metadata"]["ownerReferences"]
         body = {**desired, "metadata": metadata}
-        with api_errors(f"update ResourceSlice {name}"):
-            response = self._api().replace_resource_slice(
-                name=name, body=body, _request_timeout=REQUEST_TIMEOUT_SECONDS, _preload_content=False
-            )
+        try:
+            with api_errors(f"update ResourceSlice {name}"):
+                response = self._api().replace_resource_slice(
+                    name=name, body=body, _request_timeout=REQUEST_TIMEOUT_SECONDS, _preload_content=False
+                )
+        except NotFoundError as error:
+            # Deleted since we listed it: by the garbage collector when it belonged to an earlier
+            # Node of this name (a node replaced under the same name), or by another writer. A
+            # conflict like any other: re-list and plan again.
+            raise ConflictError(f"update ResourceSlice {name}: deleted meanwhile ({error})") from error
         return _body(response)
 
     def _delete(self, item: Obj) -> None:

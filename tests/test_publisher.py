@@ -319,6 +319,20 @@ def test_conflict_on_update_is_retried_and_nothing_is_lost(
     assert len(published.spec.devices) == 16
 
 
+def test_a_slice_deleted_between_list_and_update_is_planned_again(
+    api_server: APIServer, publisher: SlicePublisher, api: client.ResourceV1Api
+) -> None:
+    """A Node deleted and made again under the same name: the garbage collector removes the old
+    Node's slice while the agent updates it (seen with hack/localcluster fleet on 1.37.2). The 404
+    is a conflict like a 409: re-list and write what is there then."""
+    publisher.publish(h100())
+    api_server.inject_fault(verb="update", resource="resourceslices", status=404, times=1)
+    result = publisher.publish(h100(), {"gpu-0": UNHEALTHY})
+    assert result.attempts == 2 and result.updated == 1
+    (published,) = slices(api)
+    assert [d.name for d in published.spec.devices if d.taints] == ["gpu-0"]
+
+
 def test_conflict_retries_are_bounded(
     api_server: APIServer, kube_configuration: client.Configuration, api: client.ResourceV1Api
 ) -> None:
