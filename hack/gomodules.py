@@ -42,6 +42,7 @@ __all__ = [
 KUBERNETES_RELEASE = "1.37.2"
 # hack/upstream-build.sh's Kueue pin (tests/hack checks they agree).
 KUEUE_VERSION = "v0.19.2"
+KWOK_VERSION = "v0.8.0"  # the fleet's fake nodes (hack/localcluster/fleet.py): its stages
 AUTOSCALER_APIS = "k8s.io/autoscaler/cluster-autoscaler/apis"
 FETCH_TIMEOUT_SECONDS = 300.0
 
@@ -127,6 +128,11 @@ def required_version(module: Path, dependency: str) -> str:
 def kueue_dir(*, fetch: bool = True) -> Path:
     """sigs.k8s.io/kueue at the local cluster's pin (its CRDs: ``config/components/crd/bases``)."""
     return module_dir("sigs.k8s.io/kueue", KUEUE_VERSION, fetch=fetch)
+
+
+def kwok_dir(*, fetch: bool = True) -> Path:
+    """sigs.k8s.io/kwok at the fleet's pin (its node and pod stages: ``kustomize/stage``)."""
+    return module_dir("sigs.k8s.io/kwok", KWOK_VERSION, fetch=fetch)
 
 
 def autoscaler_apis_dir(*, fetch: bool = True) -> Path:

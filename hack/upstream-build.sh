@@ -14,6 +14,8 @@
 #   kueue       the manager (cmd/kueue) of sigs.k8s.io/kueue v0.19.2, the newest the proxy serves
 #               (v0.19.3 and later, v0.20+ are refused), CGO off, its version stamped as upstream's
 #               Makefile does (sigs.k8s.io/kueue/pkg/version.GitVersion).
+#   kwok        sigs.k8s.io/kwok/cmd/kwok v0.8.0 (fake nodes for the fleet of hack/localcluster fleet),
+#               CGO off; not part of `all`: COMPONENTS=kwok builds it.
 # runc is not built: containerd needs Debian's (`apt-get install -y runc`); this script only checks
 # that one is on PATH and says so when it is not (it installs nothing).
 #
@@ -30,7 +32,7 @@
 # Cache: ${FRACTIONAL_CACHE:-$HOME/.cache/fractional-dra}
 #   go/mod (GOMODCACHE, written with -modcacherw so `rm -rf` works), go/build (GOCACHE),
 #   src/kubernetes-vX, src/etcd-vX (the generated modules),
-#   bin/kubernetes-vX/, bin/etcd-vX/, bin/containerd-vX/, bin/cni-vX/, bin/kueue-vX/ (the binaries).
+#   bin/kubernetes-vX/, bin/etcd-vX/, bin/containerd-vX/, bin/cni-vX/, bin/kueue-vX/, bin/kwok-vX/ (the binaries).
 # A component is skipped when its binaries exist and answer --version (or equivalent) with the
 # right version. Concurrent runs wait for each other (flock on the cache).
 #
@@ -43,8 +45,8 @@
 #                printed, the missing components named on stderr) when a selected component is
 #                missing or stale. Use: `paths="$(hack/upstream-build.sh --print-env)" && eval "${paths}"`.
 #   Environment lines (paths whether built or not), then one export line:
-#     KUBE_BIN=...  ETCD_BIN=...  CONTAINERD_BIN=...  CNI_BIN=...  KUEUE_BIN=...
-#     export KUBE_BIN ETCD_BIN CONTAINERD_BIN CNI_BIN KUEUE_BIN
+#     KUBE_BIN=...  ETCD_BIN=...  CONTAINERD_BIN=...  CNI_BIN=...  KUEUE_BIN=...  KWOK_BIN=...
+#     export KUBE_BIN ETCD_BIN CONTAINERD_BIN CNI_BIN KUEUE_BIN KWOK_BIN
 # Environment:
 #   K8S_VERSION         1.37.2 (default) | 1.36.3 | 1.35.4 (a leading v is accepted)
 #   COMPONENTS          space/comma-separated, default all:
@@ -52,8 +54,8 @@
 #                               containerd cni kueue
 #                         control-plane = etcd kube-apiserver kube-controller-manager kube-scheduler
 #                         node = kubelet containerd cni;  kubernetes = the four kube binaries;
-#                         or any single name above
-#   ETCD_VERSION, CONTAINERD_VERSION, CNI_VERSION, KUEUE_VERSION   override the pins above
+#                         kwok (never in all);  or any single name above
+#   ETCD_VERSION, CONTAINERD_VERSION, CNI_VERSION, KUEUE_VERSION, KWOK_VERSION   override the pins above
 #   FRACTIONAL_CACHE    the cache directory
 #   GO_BUILD_P          go build -p (default 2). Every go command runs under nice -n 19.
 #
@@ -98,6 +100,7 @@ etcd_version="$(version_of "${ETCD_VERSION:-${etcd_default}}")"
 containerd_version="$(version_of "${CONTAINERD_VERSION:-2.3.7}")"
 cni_version="$(version_of "${CNI_VERSION:-1.10.0}")"
 kueue_version="$(version_of "${KUEUE_VERSION:-0.19.2}")"
+kwok_version="$(version_of "${KWOK_VERSION:-0.8.0}")"
 
 cache="${FRACTIONAL_CACHE:-${HOME}/.cache/fractional-dra}"
 kube_bin="${cache}/bin/kubernetes-${k8s_version}"
@@ -105,12 +108,14 @@ etcd_bin="${cache}/bin/etcd-${etcd_version}"
 containerd_bin="${cache}/bin/containerd-${containerd_version}"
 cni_bin="${cache}/bin/cni-${cni_version}"
 kueue_bin="${cache}/bin/kueue-${kueue_version}"
+kwok_bin="${cache}/bin/kwok-${kwok_version}"
 
 kube_binaries=(kube-apiserver kube-controller-manager kube-scheduler kubelet)
 cni_plugins=(main/bridge ipam/host-local main/loopback meta/portmap)
 
 # -- components -----------------------------------------------------------------------------------
 all_components=(etcd kube-apiserver kube-controller-manager kube-scheduler kubelet containerd cni kueue)
+every_component=("${all_components[@]}" kwok) # kwok: only when named
 declare -A wanted=()
 IFS=$', \t\n' read -ra names <<<"${COMPONENTS:-all}"
 for name in "${names[@]}"; do
@@ -119,14 +124,14 @@ for name in "${names[@]}"; do
     control-plane) for c in etcd kube-apiserver kube-controller-manager kube-scheduler; do wanted[${c}]=1; done ;;
     node) for c in kubelet containerd cni; do wanted[${c}]=1; done ;;
     kubernetes) for c in "${kube_binaries[@]}"; do wanted[${c}]=1; done ;;
-    etcd | kube-apiserver | kube-controller-manager | kube-scheduler | kubelet | containerd | cni | kueue)
+    etcd | kube-apiserver | kube-controller-manager | kube-scheduler | kubelet | containerd | cni | kueue | kwok)
       wanted[${name}]=1
       ;;
-    *) die "COMPONENTS: unknown component ${name} (all, control-plane, node, kubernetes, ${all_components[*]})" ;;
+    *) die "COMPONENTS: unknown component ${name} (all, control-plane, node, kubernetes, ${every_component[*]})" ;;
   esac
 done
 selected=()
-for c in "${all_components[@]}"; do
+for c in "${every_component[@]}"; do
   if [[ -n "${wanted[${c}]:-}" ]]; then selected+=("${c}"); fi
 done
 ((${#selected[@]} > 0)) || die "COMPONENTS selects nothing"
@@ -137,7 +142,8 @@ print_env() {
   printf 'CONTAINERD_BIN=%q\n' "${containerd_bin}"
   printf 'CNI_BIN=%q\n' "${cni_bin}"
   printf 'KUEUE_BIN=%q\n' "${kueue_bin}"
-  echo "export KUBE_BIN ETCD_BIN CONTAINERD_BIN CNI_BIN KUEUE_BIN"
+  printf 'KWOK_BIN=%q\n' "${kwok_bin}"
+  echo "export KUBE_BIN ETCD_BIN CONTAINERD_BIN CNI_BIN KUEUE_BIN KWOK_BIN"
 }
 
 # -- is a component current? -------------------------------------------------------------------------
@@ -169,6 +175,8 @@ current() {
     # The manager has no --version flag: the build info names the module and its version.
     kueue) [[ -x "${kueue_bin}/kueue" ]] && go version -m "${kueue_bin}/kueue" 2>/dev/null |
       grep -q "mod[[:space:]]*sigs.k8s.io/kueue[[:space:]]*${kueue_version}" ;;
+    kwok) [[ -x "${kwok_bin}/kwok" ]] && go version -m "${kwok_bin}/kwok" 2>/dev/null |
+      grep -q "mod[[:space:]]*sigs.k8s.io/kwok[[:space:]]*${kwok_version}" ;;
   esac
 }
 
@@ -329,6 +337,11 @@ build_kueue() {
     "sigs.k8s.io/kueue/cmd/kueue@${kueue_version}"
 }
 
+build_kwok() {
+  install_into "${kwok_bin}" 0 "" "-s -w" \
+    "sigs.k8s.io/kwok/cmd/kwok@${kwok_version}"
+}
+
 # -- run --------------------------------------------------------------------------------------------
 now_ms() { echo $((${EPOCHREALTIME//[.,]/} / 1000)); }
 dir_of() {
@@ -337,6 +350,7 @@ dir_of() {
     containerd) echo "${containerd_bin}" ;;
     cni) echo "${cni_bin}" ;;
     kueue) echo "${kueue_bin}" ;;
+    kwok) echo "${kwok_bin}" ;;
     *) echo "${kube_bin}" ;;
   esac
 }
@@ -357,6 +371,7 @@ dir_of() {
         containerd) build_containerd ;;
         cni) build_cni ;;
         kueue) build_kueue ;;
+        kwok) build_kwok ;;
         *) build_kube "${c}" ;;
       esac
       current "${c}" || die "${c} was built but does not answer with the expected version"

@@ -5,6 +5,9 @@ up [--control-plane-only] [--no-driver]
         kubelet nodes with their containerd, then `helm install` of the driver; prints the
         admin kubeconfig's path (.cluster/kubeconfig)
 down    stop everything it started and remove what it wrote (.cluster/, /run/fractional-cluster)
+fleet up N [--profile P] [--cpu C] [--memory M] [--pods P]
+        N fake GPU nodes kept by kwok on the running cluster, each with the ResourceSlices its
+        agent would publish (fleet.py); `fleet down` removes them
 restart COMPONENT [--down SECONDS] [--signal KILL|TERM]
         a fault: kill one component (etcd, kube-apiserver, kube-scheduler,
         kube-controller-manager, node-<ip with dashes>-kubelet or -containerd), keep it down,
@@ -34,6 +37,13 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--no-driver", action="store_true", help="nodes, but no helm install of the driver")
     sub.add_parser("down")
     sub.add_parser("reload")
+    fleet = sub.add_parser("fleet")
+    fleet.add_argument("action", choices=("up", "down"))
+    fleet.add_argument("nodes", type=int, nargs="?", default=0, help="how many fake nodes (fleet up)")
+    fleet.add_argument("--profile", default="h100-8x", help="a shipped fake profile, or a profile file")
+    fleet.add_argument("--cpu", default="224", help="each node's allocatable CPU")
+    fleet.add_argument("--memory", default="2000Gi", help="each node's allocatable memory")
+    fleet.add_argument("--pods", default="110", help="each node's pod slots")
     restart = sub.add_parser("restart")
     restart.add_argument("component")
     restart.add_argument("--down", type=float, default=0.0, metavar="SECONDS", help="how long it stays down")
@@ -47,6 +57,19 @@ def main(argv: list[str] | None = None) -> int:
 
             reload_driver(cluster, Binaries.build(version, "node"))
             print("cluster-reload: the driver runs the image just built")
+            return 0
+        if args.command == "fleet":
+            from localcluster.fleet import FleetError, down_fleet, up_fleet
+
+            try:
+                if args.action == "down":
+                    down_fleet(cluster)
+                else:
+                    up_fleet(cluster, args.nodes, profile=args.profile, cpu=args.cpu, memory=args.memory,
+                             pods=args.pods)  # fmt: skip
+            except FleetError as error:
+                print(f"cluster-fleet: {error}", file=sys.stderr)
+                return 1
             return 0
         if args.command == "restart":
             if cluster.processes.get(args.component) is None:

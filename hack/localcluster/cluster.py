@@ -67,6 +67,7 @@ RELEASES: dict[str, tuple[dict[str, bool], tuple[str, ...]]] = {
     ),
 }
 DEFAULT_VERSION = "1.37.2"
+KWOK_VERSION = "0.8.0"  # hack/upstream-build.sh's pin (COMPONENTS=kwok)
 SERVICE_CIDR = "10.0.0.0/24"
 
 
@@ -142,6 +143,22 @@ class Binaries:
             Path(found["CNI_BIN"]),
             Path(found["KUEUE_BIN"]),
         )
+
+    @staticmethod
+    def kwok(version: str = KWOK_VERSION) -> Path:
+        """kwok's binary (``COMPONENTS=kwok``: never part of a cluster's own build), built when missing."""
+        env = dict(os.environ, COMPONENTS="kwok", KWOK_VERSION=version)
+        script = str(REPO_ROOT / "hack" / "upstream-build.sh")
+        result = subprocess.run([script, "--print-env"], env=env, capture_output=True, text=True, check=False)
+        if result.returncode != 0:
+            result = subprocess.run([script], env=env, capture_output=True, text=True, check=False)
+        if result.returncode != 0:
+            raise ClusterError(f"hack/upstream-build.sh (kwok) failed:\n{result.stderr[-3000:]}")
+        for line in result.stdout.splitlines():
+            name, sep, value = line.partition("=")
+            if sep and name == "KWOK_BIN":
+                return Path(value.strip().strip("'\"")) / "kwok"
+        raise ClusterError("hack/upstream-build.sh printed no KWOK_BIN")
 
 
 @dataclass
@@ -341,14 +358,22 @@ class LocalCluster:
             self.processes.stop(process)
         self._start_scheduler(binaries)
 
-    def restart(self, name: str, *, down_seconds: float = 0.0, signum: int = signal.SIGKILL) -> float:
+    def restart(
+        self,
+        name: str,
+        *,
+        down_seconds: float = 0.0,
+        signum: int = signal.SIGKILL,
+        argv: list[str] | None = None,
+    ) -> float:
         """A fault: the component ``name`` (``etcd``, ``kube-apiserver``, ``kube-scheduler``,
         ``kube-controller-manager``, or a node's ``<key>-kubelet`` / ``<key>-containerd``) killed
         with ``signum``, left down ``down_seconds``, and started again in place with its data and
-        flags. Returns the time.monotonic() at which it answered its health check again (for a
-        node's process: at which it was started; the kubelet's readiness is the Node's)."""
+        flags (``argv``: another command line, e.g. the fleet's flags). Returns the time.monotonic()
+        at which it answered its health check again (for a node's process: at which it was
+        started; the kubelet's readiness is the Node's)."""
         try:
-            self.processes.restart(name, down_seconds=down_seconds, signum=signum)
+            self.processes.restart(name, down_seconds=down_seconds, signum=signum, argv=argv)
         except ValueError as error:
             raise ClusterError(str(error)) from error
         if name in CONTROL_PLANE_HEALTH:

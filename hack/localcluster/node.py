@@ -210,6 +210,12 @@ def remove_node_addresses(cluster: LocalCluster) -> list[str]:
     return said
 
 
+def kubelet_node_labels(node: NodeSpec) -> dict[str, str]:
+    """The labels a real node's kubelet registers with: its fake profile (never the fleet's label,
+    which is kwok's to manage: fleet.py)."""
+    return {PROFILE_LABEL: node.profile}
+
+
 def up_nodes(cluster: LocalCluster, binaries: Binaries, *, with_driver_image: bool = True) -> None:
     env = dict(os.environ, PATH=f"{binaries.containerd}:{binaries.cni}:{os.environ.get('PATH', '')}")
     cluster.processes.extra["containerd_bin"] = str(binaries.containerd)
@@ -250,7 +256,8 @@ def up_nodes(cluster: LocalCluster, binaries: Binaries, *, with_driver_image: bo
                 [
                     str(binaries.kube / "kubelet"), f"--config={base / 'kubelet.yaml'}",
                     f"--kubeconfig={base / 'kubeconfig'}", f"--hostname-override={node.name}",
-                    f"--root-dir={KUBELET_DIR}", f"--node-labels={PROFILE_LABEL}={node.profile}",
+                    f"--root-dir={KUBELET_DIR}",
+                    "--node-labels=" + ",".join(f"{k}={v}" for k, v in kubelet_node_labels(node).items()),
                     "--v=2",
                 ],
             ),

@@ -108,10 +108,18 @@ class Processes:
         self._children[child.pid] = child
         return Process(name, child.pid, start_time or "", str(log), argv, env, cwd)
 
-    def restart(self, name: str, *, down_seconds: float = 0.0, signum: int = signal.SIGKILL) -> Process:
+    def restart(
+        self,
+        name: str,
+        *,
+        down_seconds: float = 0.0,
+        signum: int = signal.SIGKILL,
+        argv: Sequence[str] | None = None,
+    ) -> Process:
         """Stop ``name`` with ``signum`` (SIGKILL: a crash, no grace), leave it down for
-        ``down_seconds``, then start it again exactly as it was started, in its place in the start
-        order. Its log goes on in the same file."""
+        ``down_seconds``, then start it again exactly as it was started (or with ``argv``, its
+        environment and directory kept), in its place in the start order. Its log goes on in the
+        same file."""
         index = next((i for i, p in enumerate(self.entries) if p.name == name), None)
         if index is None:
             raise KeyError(name)
@@ -120,7 +128,7 @@ class Processes:
             raise ValueError(f"{name}: started without its command line recorded; bring the cluster up again")
         self._end(process, signum, grace_seconds=10.0)
         time.sleep(down_seconds)
-        again = self._spawn(name, process.argv, process.env, process.cwd)
+        again = self._spawn(name, list(argv) if argv is not None else process.argv, process.env, process.cwd)
         self.entries[index] = again
         self.save()
         return again
