@@ -41,7 +41,8 @@ Cost, per case: API requests per bound pod, by user, from kube-apiserver's audit
 of kube-scheduler and of our controller's own client certificate; watches count once); our
 controller's CPU seconds and peak RSS, and kube-scheduler's CPU seconds over the same window.
 
-Writes bench/results/real_scheduler.json. Needs root and the upstream binaries (built as for
+Writes bench/results/real_scheduler.json (real_scheduler_<N>.json for ``--nodes N`` other than 100,
+a section of its own). Needs root and the upstream binaries (built as for
 ``make cluster-up`` when missing); no other local cluster may be up. Run:
     .venv/bin/python bench/bench_real.py [--nodes 100] [--backlog 1000] [--stream 200]
         [--interval 0.1] [--gang 64] [--gang-repeats 5] [--skip packing,...]
@@ -897,7 +898,10 @@ def main(argv: list[str]) -> int:
     method = (__doc__ or "").split("\nWrites bench/results")[0].strip()
     notes = f"{method}\n\n{ratios(rows)}\n{args.nodes} nodes x 8 GPUs ({PROFILE}), {gpus} GPUs in all.\n"
     title = "The controller against kube-scheduler itself (real components)"
-    write_result("real_scheduler", rows + profile_rows, title=title, notes=notes)
+    area = "real_scheduler"
+    if args.nodes != 100:  # another size is a section of its own, beside the 100-node one
+        area, title = f"real_scheduler_{args.nodes}", f"{title}, {args.nodes:,} nodes"
+    write_result(area, rows + profile_rows, title=title, notes=notes)
     print(notes)
     return 0
 
