@@ -5,6 +5,7 @@ Everything here takes the camelCase dicts the API server serves and returns plai
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, NewType
@@ -190,7 +191,14 @@ class Resources:
 
 def quantity(value: Any) -> Decimal:
     """A Kubernetes quantity ("12Gi", "500m") as a number."""
-    return Decimal(parse_quantity(str(value)))  # type: ignore[no-untyped-call]  # the client is untyped
+    return _quantity(str(value))
+
+
+@functools.lru_cache(maxsize=4096)
+def _quantity(text: str) -> Decimal:
+    """Parsed once per distinct text (a cluster's quantities repeat: every GPU of a model publishes
+    the same capacity); a ``Decimal`` is immutable, so sharing it is safe."""
+    return Decimal(parse_quantity(text))  # type: ignore[no-untyped-call]  # the client is untyped
 
 
 def _container_requests(container: dict[str, Any]) -> tuple[int, int]:

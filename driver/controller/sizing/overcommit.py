@@ -65,6 +65,11 @@ def _published(
     return found
 
 
+def _results(claim: Mapping[str, Any]) -> Any:
+    allocation = (claim.get("status") or {}).get("allocation") or {}
+    return (allocation.get("devices") or {}).get("results") or ()
+
+
 def compute_overcommits(
     slices: Iterable[Mapping[str, Any]],
     claims: Iterable[Mapping[str, Any]],
@@ -74,7 +79,15 @@ def compute_overcommits(
     """Every (device, dimension) the allocated ``claims`` hold beyond what ``slices`` publish,
     sorted. Devices no slice publishes (a node being removed) are left out: nothing to compare;
     so are devices outside ``only``, when given (a commit checks its own devices, not their pool's)."""
-    published = _published(slices, None if only is None else frozenset(only))
+    claims = list(claims)
+    held = {
+        (str(r.get("driver", "")), str(r.get("pool", "")), str(r.get("device", "")))
+        for claim in claims
+        for r in _results(claim)
+    }
+    # Only a device some claim holds can be overcommitted: the others' capacities are not parsed
+    # (every published device's, each refresh of the metrics, took 0.5 s at 5,000 nodes).
+    published = _published(slices, frozenset(held) if only is None else frozenset(only) & held)
     consumed: dict[DeviceKey, dict[str, Decimal]] = {}
     holders: dict[DeviceKey, set[str]] = {}
     exclusive: dict[DeviceKey, int] = {}
