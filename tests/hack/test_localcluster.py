@@ -145,12 +145,21 @@ def test_a_restart_starts_the_same_command_again_in_its_place_from_another_insta
         "b", ["sh", "-c", script], env={"MARK": "started", "PATH": "/usr/bin:/bin"}, cwd=work
     )
     c = first.start("c", ["sleep", "30"])
+
+    def lines() -> int:
+        return (logs / "b.log").read_text().count("started")
+
+    # Killed before its shell ran the echo (a loaded make test), the first one never writes its
+    # line: wait for it first.
+    deadline = time.monotonic() + 30
+    while lines() < 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
     second = Processes(state, logs)
     again = second.restart("b", down_seconds=0.2)
     assert again.pid != original.pid and again.alive() and not original.alive()
     assert [p.name for p in Processes(state, logs).entries] == ["a", "b", "c"]
-    deadline = time.monotonic() + 30  # 10 s was once too short under a loaded make test
-    while (logs / "b.log").read_text().count("started") < 2 and time.monotonic() < deadline:
+    deadline = time.monotonic() + 30
+    while lines() < 2 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert (logs / "b.log").read_text().splitlines() == [f"started {work}"] * 2
     second.stop(again, grace_seconds=2)
