@@ -67,7 +67,6 @@ RELEASES: dict[str, tuple[dict[str, bool], tuple[str, ...]]] = {
     ),
 }
 DEFAULT_VERSION = "1.37.2"
-KWOK_VERSION = "0.8.0"  # hack/upstream-build.sh's pin (COMPONENTS=kwok)
 SERVICE_CIDR = "10.0.0.0/24"
 
 
@@ -124,18 +123,7 @@ class Binaries:
     def build(cls, version: str, components: str) -> Binaries:
         """The binaries of ``version``: found cached (``--print-env``, which takes no lock, so a
         build of another release running meanwhile does not hold us up), else built."""
-        env = dict(os.environ, K8S_VERSION=version, COMPONENTS=components)
-        script = str(REPO_ROOT / "hack" / "upstream-build.sh")
-        result = subprocess.run([script, "--print-env"], env=env, capture_output=True, text=True, check=False)
-        if result.returncode != 0:
-            result = subprocess.run([script], env=env, capture_output=True, text=True, check=False)
-        if result.returncode != 0:
-            raise ClusterError(f"hack/upstream-build.sh failed:\n{result.stderr[-3000:]}")
-        found: dict[str, str] = {}
-        for line in result.stdout.splitlines():
-            name, sep, value = line.partition("=")
-            if sep and name in {"KUBE_BIN", "ETCD_BIN", "CONTAINERD_BIN", "CNI_BIN", "KUEUE_BIN"}:
-                found[name] = value.strip().strip("'\"")
+        found = _upstream_paths(dict(os.environ, K8S_VERSION=version, COMPONENTS=components))
         return cls(
             Path(found["KUBE_BIN"]),
             Path(found["ETCD_BIN"]),
@@ -145,20 +133,27 @@ class Binaries:
         )
 
     @staticmethod
-    def kwok(version: str = KWOK_VERSION) -> Path:
+    def kwok() -> Path:
         """kwok's binary (``COMPONENTS=kwok``: never part of a cluster's own build), built when missing."""
-        env = dict(os.environ, COMPONENTS="kwok", KWOK_VERSION=version)
-        script = str(REPO_ROOT / "hack" / "upstream-build.sh")
-        result = subprocess.run([script, "--print-env"], env=env, capture_output=True, text=True, check=False)
-        if result.returncode != 0:
-            result = subprocess.run([script], env=env, capture_output=True, text=True, check=False)
-        if result.returncode != 0:
-            raise ClusterError(f"hack/upstream-build.sh (kwok) failed:\n{result.stderr[-3000:]}")
-        for line in result.stdout.splitlines():
-            name, sep, value = line.partition("=")
-            if sep and name == "KWOK_BIN":
-                return Path(value.strip().strip("'\"")) / "kwok"
-        raise ClusterError("hack/upstream-build.sh printed no KWOK_BIN")
+        return Path(_upstream_paths(dict(os.environ, COMPONENTS="kwok"))["KWOK_BIN"]) / "kwok"
+
+
+def _upstream_paths(env: dict[str, str]) -> dict[str, str]:
+    """hack/upstream-build.sh's environment lines (NAME=path) for ``env``'s components: found
+    cached (``--print-env``, which takes no lock, so a build of another release running meanwhile
+    does not hold us up), else built."""
+    script = str(REPO_ROOT / "hack" / "upstream-build.sh")
+    result = subprocess.run([script, "--print-env"], env=env, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        result = subprocess.run([script], env=env, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise ClusterError(f"hack/upstream-build.sh failed:\n{result.stderr[-3000:]}")
+    found: dict[str, str] = {}
+    for line in result.stdout.splitlines():
+        name, sep, value = line.partition("=")
+        if sep and name.endswith("_BIN"):
+            found[name] = value.strip().strip("'\"")
+    return found
 
 
 @dataclass

@@ -123,8 +123,7 @@ def create_nodes(core: Any, nodes: list[dict[str, Any]], *, workers: int = 8) ->
         except client.ApiException as error:
             if error.status != 409:
                 raise
-        existing = core.read_node(name).to_dict()
-        if not ((existing.get("metadata") or {}).get("labels") or {}).get(FLEET_LABEL) == FLEET_VALUE:
+        if not is_fleet_node(core.read_node(name).to_dict()):
             raise FleetError(f"node {name} exists and is not a fleet node (no {FLEET_SELECTOR} label)")
         return 0
 

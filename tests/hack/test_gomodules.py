@@ -19,6 +19,8 @@ def test_the_pins_are_the_local_clusters() -> None:
     build = (REPO_ROOT / "hack" / "upstream-build.sh").read_text(encoding="utf-8")
     pin = re.search(r'kueue_version="\$\(version_of "\$\{KUEUE_VERSION:-([^}]+)\}"\)"', build)
     assert pin is not None and f"v{pin.group(1)}" == gomodules.KUEUE_VERSION
+    kwok = re.search(r'kwok_version="\$\(version_of "\$\{KWOK_VERSION:-([^}]+)\}"\)"', build)
+    assert kwok is not None and f"v{kwok.group(1)}" == gomodules.KWOK_VERSION  # the binary and its stages
 
 
 @pytest.mark.parametrize(

@@ -93,9 +93,8 @@ def compute_overcommits(
     exclusive: dict[DeviceKey, int] = {}
     results: dict[DeviceKey, int] = {}
     for claim in claims:
-        allocation = (claim.get("status") or {}).get("allocation") or {}
         key = str(object_key(dict(claim)))
-        for result in (allocation.get("devices") or {}).get("results") or ():
+        for result in _results(claim):
             if result.get("adminAccess"):
                 continue  # admin access holds nothing (upstream)
             device = (
