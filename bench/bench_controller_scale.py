@@ -4,7 +4,8 @@ start-up, its memory, and its CPU per decided pod as the cluster grows.
 Per size, one emulator (``fractional apiserver``, its own process) holding N Nodes with the
 ResourceSlices our slice code builds for the profile, then ``--pods`` gated single-pod claims
 (12Gi / 15 % each, as bench_controller.py). Then ``fractional controller`` is started as a process of
-its own, as a user runs it, and measured from outside:
+its own, as a user runs it but with ``--kube-api-qps 0`` (what is measured is its CPU path, not its
+client-side rate limit), and measured from outside:
 
 - ``startup_s``: from the process's start to its first decision written (the first gate removed,
   seen on a watch of the pods): interpreter, imports, the initial LIST of every kind, the cache and
@@ -107,7 +108,8 @@ def measure(nodes: int, pods: int) -> dict[str, Any]:
             kubeconfig = str(Path(workdir) / "kubeconfig")
             controller = subprocess.Popen(
                 [sys.executable, "-m", "driver", "controller", "--kubeconfig", kubeconfig,
-                 "--policy", "best-fit", "--metrics-port", "0"],
+                 "--policy", "best-fit", "--metrics-port", "0",
+                 "--kube-api-qps", "0"],  # the CPU path, unthrottled, as before the flag existed
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )  # fmt: skip
             try:

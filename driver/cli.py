@@ -374,6 +374,15 @@ def _build_parser() -> argparse.ArgumentParser:
         "--allocation-guard-address", default=_env("--allocation-guard-address", ""),
         help="this replica's address for that EndpointSlice (the pod IP)",
     )  # fmt: skip
+    p.add_argument(
+        "--kube-api-qps", type=float, default=_env_float("--kube-api-qps", 50.0),
+        help="requests per second to kube-apiserver, every thread of the process together (a token "
+        "bucket, as kube-scheduler's --kube-api-qps); 0: no limit",
+    )  # fmt: skip
+    p.add_argument(
+        "--kube-api-burst", type=int, default=_env_int("--kube-api-burst", 100),
+        help="requests that may go at once before --kube-api-qps paces them (the bucket's size)",
+    )  # fmt: skip
     _add_backend_override(p)
     _add_common(p)
 
@@ -561,6 +570,8 @@ def build_controller_config(args: argparse.Namespace) -> ControllerConfig:
         allocation_guard_cert_dir=args.allocation_guard_cert_dir,
         allocation_guard_service=args.allocation_guard_service,
         allocation_guard_address=args.allocation_guard_address,
+        kube_api_qps=args.kube_api_qps,
+        kube_api_burst=args.kube_api_burst,
     )
 
 

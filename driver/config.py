@@ -6,6 +6,7 @@ Nothing below ``cli.py`` reads ``os.environ``.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -184,9 +185,25 @@ class ControllerConfig:
     allocation_guard_cert_dir: str = "/etc/fractional/allocation-guard"  # tls.crt and tls.key
     allocation_guard_service: str = ""  # the webhook's Service: the leader writes its EndpointSlice
     allocation_guard_address: str = ""  # this replica's address in that EndpointSlice (the pod IP)
+    # Client-side rate limit of every request to kube-apiserver, the whole process together
+    # (driver/kube/ratelimit.py; kube-scheduler's --kube-api-qps and --kube-api-burst and their
+    # defaults). A qps of 0 or less: no limit.
+    kube_api_qps: float = 50.0
+    kube_api_burst: int = 100
 
     def __post_init__(self) -> None:
         _check_choice("--policy", self.policy, POLICIES)
+        if not math.isfinite(self.kube_api_qps):
+            raise ConfigError(
+                field="--kube-api-qps (FRACTIONAL_KUBE_API_QPS)",
+                problem=f"{self.kube_api_qps} is not a finite number (0: no limit)",
+            )
+        if self.kube_api_qps > 0 and self.kube_api_burst < 1:
+            raise ConfigError(
+                field="--kube-api-burst (FRACTIONAL_KUBE_API_BURST)",
+                problem=f"{self.kube_api_burst} is less than 1 (with --kube-api-qps {self.kube_api_qps:g}, "
+                "no request could ever be sent)",
+            )
         _check_port("--metrics-port", self.metrics_port)
         _check_port("--allocation-guard-port", self.allocation_guard_port)
         if self.allocation_guard_port and self.allocation_guard_port == self.metrics_port:

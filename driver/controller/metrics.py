@@ -181,6 +181,14 @@ class ControllerMetrics:
             ["devices", "memory_bytes", "cpu_millis"],
             registry=r,
         )
+        self.kube_api_rate_limit_seconds = Histogram(
+            "fractional_controller_kube_api_rate_limiter_duration_seconds",
+            "Time a request to kube-apiserver waited for the controller's client-side rate limit "
+            "(--kube-api-qps, --kube-api-burst; as client-go's rest_client_rate_limiter_duration_seconds). "
+            "Every request is counted, 0 when it did not wait; none with --kube-api-qps 0.",
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=r,
+        )
         self._typical_version = -1
         self._fragmentation_lock = threading.Lock()
         self._fragmentation: Fragmentation | None = None

@@ -1,7 +1,8 @@
 """Thin helpers around the official ``kubernetes`` client.
 
 Each thread builds its own ``ApiClient`` from one explicit ``Configuration`` (never the global
-default). Every call passes ``_request_timeout=REQUEST_TIMEOUT_SECONDS``.
+default). Every call passes ``_request_timeout=REQUEST_TIMEOUT_SECONDS``. A ``Configuration`` with a
+rate limiter attached (``driver.kube.ratelimit``) gives clients that wait for its tokens.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 from kubernetes import client, config
 
 from driver.errors import ConfigError
+from driver.kube.ratelimit import RateLimitedApiClient, rate_limiter_of
 
 __all__ = [
     "REQUEST_TIMEOUT_SECONDS",
@@ -64,8 +66,12 @@ def load_configuration(kubeconfig: str | None) -> client.Configuration:
 
 
 def new_api_client(configuration: client.Configuration) -> client.ApiClient:
-    """A fresh ``ApiClient`` (own connection pool) for the calling thread."""
-    return client.ApiClient(configuration)
+    """A fresh ``ApiClient`` (own connection pool) for the calling thread; its requests wait for
+    the process's rate limiter when ``configuration`` has one (``attach_rate_limiter``)."""
+    limiter = rate_limiter_of(configuration)
+    if limiter is None:
+        return client.ApiClient(configuration)
+    return RateLimitedApiClient(configuration, limiter)
 
 
 def get_json(

@@ -10,6 +10,9 @@ place per second. Everything else still comes from the official client: the URL 
 ``tls_server_name``). A configuration this module does not reproduce (a proxy, custom socket
 options) is sent through the client's REST layer as before.
 
+Each write takes a token of the process's rate limiter first when the ``Configuration`` has one
+(``driver.kube.ratelimit``), on either path: the same bucket as every other request of the process.
+
 One ``JsonSender`` per thread: it owns its connection.
 """
 
@@ -28,6 +31,7 @@ from kubernetes import client
 from driver.errors import TransientError
 from driver.kube.client import REQUEST_TIMEOUT_SECONDS
 from driver.kube.errors import api_errors, check_response_status
+from driver.kube.ratelimit import RateLimitedApiClient, rate_limiter_of
 
 __all__ = ["JsonSender"]
 
@@ -85,6 +89,10 @@ class JsonSender:
             configuration.assert_hostname if isinstance(configuration.assert_hostname, str) else None
         )
         self._server_name = server_name
+        # The lean path sends itself, so it takes the token here; the client's REST layer takes its
+        # own when new_api_client made the client (RateLimitedApiClient), and not otherwise.
+        limited_by_client = not self._lean and isinstance(api_client, RateLimitedApiClient)
+        self._limiter = None if limited_by_client else rate_limiter_of(configuration)
         # The connection, when one is open (at most one); closed at GC too, if nobody called close().
         self._open: list[http.client.HTTPConnection] = []
         weakref.finalize(self, _close_all, self._open)
@@ -110,6 +118,8 @@ class JsonSender:
             header_params={"Accept": "application/json", "Content-Type": content_type},
             auth_settings=["BearerToken"],
         )
+        if self._limiter is not None:
+            self._limiter.wait()
         if not self._lean:
             with api_errors(what):
                 response = self._api_client.call_api(

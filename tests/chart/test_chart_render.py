@@ -112,6 +112,7 @@ def test_renders_every_component(values_name: str) -> None:
         "MutatingAdmissionPolicy": 2,
         "MutatingAdmissionPolicyBinding": 2,
         "PodDisruptionBudget": 1,
+        "FlowSchema": 1,  # the controller's requests in workload-high, as kube-scheduler's
     }.items():
         assert kinds.count(kind) == count, f"{values_name}: {kind} x{kinds.count(kind)}"
     names = [(o["kind"], o["metadata"]["name"]) for o in objects]
@@ -129,6 +130,7 @@ _CLUSTER_SCOPED = {
     "MutatingAdmissionPolicy",
     "MutatingAdmissionPolicyBinding",
     "ValidatingWebhookConfiguration",
+    "FlowSchema",
 }
 
 
@@ -398,6 +400,61 @@ def test_controller_is_replicated_with_leader_election(default: list[dict[str, A
     assert role["metadata"]["namespace"] == NAMESPACE
     assert role["rules"][1]["resourceNames"] == ["fractional-dra-controller"]
     assert env["FRACTIONAL_LEASE_NAME"] == "fractional-dra-controller"
+
+
+@pytest.mark.parametrize(
+    ("values", "qps", "burst"),
+    [(None, 50.0, 100), ({"kubeAPIQPS": 12.5, "kubeAPIBurst": 30}, 12.5, 30), ({"kubeAPIQPS": 0}, 0.0, 100)],
+)
+def test_controller_rate_limit_reaches_the_cli(
+    values: dict[str, Any] | None, qps: float, burst: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """controller.kubeAPIQPS / kubeAPIBurst become --kube-api-qps / --kube-api-burst (their env twins)."""
+    objects = render_chart({"controller": values} if values else None)
+    controller_pod = one(objects, "Deployment", "-controller")["spec"]["template"]["spec"]
+    downward = {"metadata.namespace": NAMESPACE, "metadata.name": "c-0", "status.podIP": "10.0.0.1"}
+    args = parse_cli_env(monkeypatch, "controller", env_of(container(controller_pod, "controller")), downward)
+    config = build_controller_config(args)
+    assert (config.kube_api_qps, config.kube_api_burst) == (qps, burst)
+
+
+def test_flowschema_files_the_controller_where_kube_scheduler_is(default: list[dict[str, Any]]) -> None:
+    flow_schema = one(default, "FlowSchema", "-controller")
+    assert flow_schema["apiVersion"] == "flowcontrol.apiserver.k8s.io/v1"
+    spec = flow_schema["spec"]
+    # kube-apiserver's suggested FlowSchema "kube-scheduler": workload-high, flows by namespace.
+    assert spec["priorityLevelConfiguration"] == {"name": "workload-high"}
+    assert spec["distinguisherMethod"] == {"type": "ByNamespace"}
+    # Matched before service-accounts (9000, workload-low), after the system schemas (up to 900).
+    assert 900 < spec["matchingPrecedence"] < 9000
+    (rule,) = spec["rules"]
+    account = one(default, "ServiceAccount", "-controller")["metadata"]
+    deployment = one(default, "Deployment", "-controller")
+    assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == account["name"]
+    assert rule["subjects"] == [
+        {"kind": "ServiceAccount", "serviceAccount": {"name": account["name"], "namespace": NAMESPACE}}
+    ]
+    everything = {
+        "verbs": ["*"],
+        "apiGroups": ["*"],
+        "resources": ["*"],
+        "namespaces": ["*"],
+        "clusterScope": True,
+    }
+    assert rule["resourceRules"] == [everything]
+    assert rule["nonResourceRules"] == [{"verbs": ["*"], "nonResourceURLs": ["*"]}]
+
+
+def test_flowschema_can_be_tuned_or_left_out() -> None:
+    tuned = render_chart(
+        {"controller": {"flowSchema": {"priorityLevel": "ml-schedulers", "matchingPrecedence": 850}}}
+    )
+    spec = one(tuned, "FlowSchema")["spec"]
+    assert (
+        spec["priorityLevelConfiguration"] == {"name": "ml-schedulers"} and spec["matchingPrecedence"] == 850
+    )
+    for values in ({"controller": {"flowSchema": {"enabled": False}}}, {"controller": {"enabled": False}}):
+        assert not [o for o in render_chart(values) if o["kind"] == "FlowSchema"], values
 
 
 def test_two_controllers_without_leader_election_are_refused() -> None:

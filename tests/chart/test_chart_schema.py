@@ -97,6 +97,13 @@ def test_every_default_value_is_declared() -> None:
         ({"deviceClasses": {"gpu": {"config": {"sharing": {"backend": "mig"}}}}}, "sharing/backend"),
         ({"deviceClasses": {"gpu": {"config": {"sharnig": {}}}}}, "'sharnig' not allowed"),
         ({"realGpu": {"nvidiaDriverRoot": "run/nvidia/driver"}}, "realGpu/nvidiaDriverRoot"),
+        ({"controller": {"kubeAPIQPS": -1}}, "controller/kubeAPIQPS"),
+        ({"controller": {"kubeAPIBurst": 0}}, "controller/kubeAPIBurst"),
+        ({"controller": {"flowSchema": {"enable": False}}}, "'enable' not allowed"),
+        (
+            {"controller": {"flowSchema": {"matchingPrecedence": 0}}},
+            "controller/flowSchema/matchingPrecedence",
+        ),
     ],
 )
 def test_a_typo_fails_install_and_lint(values: dict[str, Any], message: str) -> None:

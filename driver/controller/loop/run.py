@@ -13,6 +13,12 @@ still had queued goes out), stops that term's controller, and is a candidate aga
 process; when it leads again, its new term starts from a fresh list. Liveness (``/healthz``) says
 whether this process is stuck (a dead watch, decider or write thread), never whether the API
 answers.
+
+Every request of the process but the elector's takes a token of one bucket (``--kube-api-qps``,
+``--kube-api-burst``; driver/kube/ratelimit.py) attached to the one ``Configuration`` all its clients
+are made from. The elector's client has none (one request every few seconds), as kube-scheduler
+gives its leader election a client of its own: a lease renewal never queues behind a burst of
+writes, whatever the qps.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from driver.controller.model.gang_identity import parse_gang_sources
 from driver.controller.writes.writer import WriteHook
 from driver.errors import ConfigError, FractionalError
 from driver.kube import load_configuration, new_api_client
+from driver.kube.ratelimit import TokenBucket, attach_rate_limiter
 from driver.probes import ProbeServer
 
 __all__ = ["freeze_heap", "run_controller"]
@@ -95,6 +102,12 @@ def run_controller(
     runs) are for tests."""
     configuration = load_configuration(config.kubeconfig)
     metrics = ControllerMetrics()
+    if config.kube_api_qps > 0:  # before any client is made: every one of them shares this bucket
+        limiter = TokenBucket(
+            qps=config.kube_api_qps, burst=config.kube_api_burst,
+            observe=metrics.kube_api_rate_limit_seconds.observe,
+        )  # fmt: skip
+        attach_rate_limiter(configuration, limiter)
     term: _Term | None = None
 
     def healthy() -> bool:
@@ -112,7 +125,8 @@ def run_controller(
         server.start()
     elector: LeaderElector | None = None
     elector_thread: threading.Thread | None = None
-    elector_api = new_api_client(configuration) if config.leader_elect else None
+    # Not new_api_client: the elector's few requests never wait behind the bucket's queue.
+    elector_api = client.ApiClient(configuration) if config.leader_elect else None
     elector_stop = threading.Event()
     try:
         if config.leader_elect:
