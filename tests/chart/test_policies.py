@@ -21,7 +21,7 @@ from admission_support import Decision, admission_request, apply_merge_patch, ev
 from chart_support import KUBE_VERSIONS, NAMESPACE, RELEASE, render_chart, validate_strict
 from kubernetes import client
 
-from driver.controller.model.objects import FINALIZER, GATE, HINT_ANNOTATION
+from driver.controller.model.objects import FINALIZER, GATE, HINT_ANNOTATION, pod_consumer
 from driver.controller.writes import writer as writer_module
 from driver.controller.writes.events import PROVISIONING_ANNOTATION, PROVISIONING_CLASS_ANNOTATION
 from driver.controller.writes.writer import ApiWriter
@@ -30,6 +30,7 @@ from driver.plugin.status import merge_device_statuses, without_driver_statuses
 Obj = dict[str, Any]
 
 NODE = "gpu-node-1"
+POD_UID = "0b6f4a52-7c1e-4d55-9b8a-3f0f4f5b8e11"  # gated_pod()'s, its claim's owner
 OTHER_NODE = "gpu-node-2"
 DRIVER = "fractional.dev"
 OTHER_DRIVER = "nic.example.com"
@@ -472,6 +473,12 @@ def test_the_controllers_own_writes_pass(
     fresh = claim()
     api.add_finalizer(fresh)
     guarded = record("add finalizer", claims, fresh)
+    api.write_allocation(guarded, allocation(), reserved_for=pod_consumer(pod))
+    reserved = record("allocate and reserve for the one pod", claims, guarded)
+    assert reserved["status"]["reservedFor"] == [{"resource": "pods", "name": "train-0", "uid": POD_UID}]
+    api.clear_allocation(reserved)
+    unreserved = record("deallocate and unreserve", claims, reserved)
+    assert "reservedFor" not in unreserved["status"]
     api.write_allocation(guarded, allocation())
     allocated = record("allocate", claims, guarded)
     prepared = copy.deepcopy(allocated)
@@ -1029,6 +1036,28 @@ def _clear_allocation_and_devices(claim_obj: Obj) -> None:
     del claim_obj["status"]["allocation"], claim_obj["status"]["devices"]
 
 
+def _pod_entry(name: str = "train-0", uid: str = POD_UID, **extra: str) -> Obj:
+    return {"resource": "pods", "name": name, "uid": uid, **extra}
+
+
+def _allocate_reserved_for(*entries: Obj) -> Callable[[Obj], None]:
+    def change(claim_obj: Obj) -> None:
+        claim_obj.setdefault("status", {})["allocation"] = allocation()
+        claim_obj["status"]["reservedFor"] = list(entries)
+
+    return change
+
+
+def reserved_claim(*entries: Obj) -> Obj:
+    obj = claim(allocated=True)
+    obj["status"]["reservedFor"] = list(entries) or [_pod_entry()]
+    return obj
+
+
+def _clear_allocation_and_reservation(claim_obj: Obj) -> None:
+    del claim_obj["status"]["allocation"], claim_obj["status"]["reservedFor"]
+
+
 CLAIM_ALLOWED: dict[str, tuple[Callable[[], Obj], Callable[[Obj], None], str]] = {
     "add our finalizer": (claim, lambda c: c["metadata"]["finalizers"].append(FINALIZER), ""),
     "remove our finalizer": (
@@ -1049,6 +1078,17 @@ CLAIM_ALLOWED: dict[str, tuple[Callable[[], Obj], Callable[[Obj], None], str]] =
     "clear the allocation (the server drops the device status)": (
         lambda: claim(allocated=True, devices=[device_status()]),
         lambda c: c["status"].pop("allocation"),
+        "status",
+    ),
+    "set the allocation reserved for its one pod": (claim, _allocate_reserved_for(_pod_entry()), "status"),
+    "clear the allocation and the reservation of its one pod": (
+        reserved_claim,
+        _clear_allocation_and_reservation,
+        "status",
+    ),
+    "clear the allocation and a reservation naming the core group": (
+        lambda: reserved_claim(_pod_entry(apiGroup="")),
+        _clear_allocation_and_reservation,
         "status",
     ),
 }
@@ -1075,6 +1115,52 @@ CLAIM_FORBIDDEN: dict[str, tuple[Callable[[], Obj], Callable[[Obj], None], str, 
         "allocation",
     ),
     "reserve the claim for a pod": (lambda: claim(allocated=True), _reserve, "status", "reservedFor"),
+    "reserve for two pods with the allocation": (
+        claim,
+        _allocate_reserved_for(_pod_entry(), _pod_entry("train-1", "1f2e3d4c-0000-4000-8000-000000000002")),
+        "status",
+        "reservedFor",
+    ),
+    "reserve for a PodGroup with the allocation": (
+        claim,
+        _allocate_reserved_for(
+            {"apiGroup": "scheduling.k8s.io", "resource": "podgroups", "name": "train", "uid": POD_UID}
+        ),
+        "status",
+        "reservedFor",
+    ),
+    "reserve for a pod of another group with the allocation": (
+        claim,
+        _allocate_reserved_for(_pod_entry(apiGroup="example.com")),
+        "status",
+        "reservedFor",
+    ),
+    "unreserve and keep the allocation": (
+        reserved_claim,
+        lambda c: c["status"].pop("reservedFor"),
+        "status",
+        "reservedFor",
+    ),
+    "replace the reservation": (
+        reserved_claim,
+        lambda c: c["status"].__setitem__("reservedFor", [_pod_entry("intruder", "1f2e3d4c")]),
+        "status",
+        "reservedFor",
+    ),
+    "clear the allocation of a claim two pods use": (
+        lambda: reserved_claim(_pod_entry(), _pod_entry("train-1", "1f2e3d4c-0000-4000-8000-000000000002")),
+        _clear_allocation_and_reservation,
+        "status",
+        "reservedFor",
+    ),
+    "clear the allocation of a claim a PodGroup uses": (
+        lambda: reserved_claim(
+            {"apiGroup": "scheduling.k8s.io", "resource": "podgroups", "name": "train", "uid": POD_UID}
+        ),
+        _clear_allocation_and_reservation,
+        "status",
+        "reservedFor",
+    ),
     "write status.devices": (
         lambda: claim(allocated=True),
         lambda c: c["status"].__setitem__("devices", [device_status()]),

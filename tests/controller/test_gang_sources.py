@@ -382,6 +382,15 @@ def test_a_podgroup_claim_is_allocated_once_and_its_pods_go_to_its_node(
     node = allocation_node(claim["status"]["allocation"])
     assert len(claim["status"]["allocation"]["devices"]["results"]) == 1  # allocated once
     assert {allocation_node(cluster.claim(f"team-{i}")["status"]["allocation"]) for i in range(3)} == {node}  # type: ignore[index]
+    # The PodGroup's claim is reserved by kube-scheduler, for the PodGroup (KEP-5729); each pod's own
+    # claim is reserved for its pod in the write of its allocation.
+    assert "reservedFor" not in claim["status"]
+    for i in range(3):
+        own = cluster.claim(f"team-{i}")
+        assert own is not None
+        assert own["status"]["reservedFor"] == [
+            {"resource": "pods", "name": f"team-{i}", "uid": cluster.pod(f"team-{i}")["metadata"]["uid"]}
+        ]
 
 
 def test_kubernetes_138765_a_share_and_a_whole_gpu_both_placed(
@@ -433,13 +442,19 @@ def test_a_gang_whose_allocations_kube_scheduler_cleared_is_placed_again_whole(
         names.append(f"redo-{i}")
     controller()
     wait_for(lambda: all(cluster.ungated(n) and cluster.allocated(n) for n in names), what="gang placed")
+    uids = {n: cluster.pod(n)["metadata"]["uid"] for n in names}
     for name in names:  # the PostFilter: deallocate, as kube-scheduler does for a failed PodGroup
         claim = cluster.claim(name)
         assert claim is not None
-        claim["status"] = {}
+        # Reserved for its pod alone: kube-scheduler's PostFilter deallocates such a claim too
+        # (deallocateOrDeletePodClaims: reservedFor empty, or one entry with the pod's UID).
+        assert [r["uid"] for r in claim["status"]["reservedFor"]] == [uids[name]]
+        claim["status"] = {}  # allocation, reservedFor and devices cleared together
         cluster.resource.replace_namespaced_resource_claim_status(name, NAMESPACE, claim)
     wait_for(lambda: all(cluster.allocated(n) for n in names), what="the gang allocated again")
     assert all(cluster.has_finalizer(n) for n in names)
+    # Placed again ungated, in kube-scheduler's hands already: it reserves them as it binds.
+    assert all("reservedFor" not in (cluster.claim(n) or {})["status"] for n in names)
 
 
 def test_a_basic_policy_places_pod_by_pod(

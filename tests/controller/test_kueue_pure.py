@@ -19,6 +19,7 @@ from driver.controller.kueue.check import (
     reservation_problem,
     reservation_wait_reason,
 )
+from driver.controller.kueue.worker import _own_claim_consumer
 from driver.controller.model.objects import GANG_SIZE_ANNOTATION, GATE
 from driver.inventory.fake import load_profile, resolve_profile
 from driver.slices import build_device_classes, build_resource_slices
@@ -141,3 +142,18 @@ def test_pod_set_updates_and_wait_reasons() -> None:
     assert "admission check" in reservation_wait_reason([pod])
     pod["metadata"]["annotations"] = {}
     assert reservation_wait_reason([pod]) == ""
+
+
+def test_a_pods_own_claim_is_reserved_for_it_with_its_allocation() -> None:
+    """The admission check's placement writes ``reservedFor`` only for a claim the pod owns (made from
+    its template); any other claim is left for kube-scheduler to reserve."""
+    pod = {"metadata": {"name": "w-0", "namespace": "team", "uid": "u-pod"}}
+
+    def claim(owner_uid: str | None, kind: str = "Pod") -> dict[str, Any]:
+        owners = [{"kind": kind, "name": "x", "uid": owner_uid, "controller": True}] if owner_uid else []
+        return {"metadata": {"name": "c", "namespace": "team", "ownerReferences": owners}}
+
+    assert _own_claim_consumer(pod, claim("u-pod")) == {"resource": "pods", "name": "w-0", "uid": "u-pod"}
+    assert _own_claim_consumer(pod, claim("u-other")) is None  # another pod's
+    assert _own_claim_consumer(pod, claim(None)) is None  # a claim by name: maybe shared
+    assert _own_claim_consumer(pod, claim("u-pod", kind="Job")) is None

@@ -248,18 +248,27 @@ def test_a_preemptor_that_cannot_fit_even_after_evictions_evicts_nothing(
     assert events(cluster, "Preempted") == []
 
 
-def reserve(cluster: Cluster, name: str, *, reserved: bool) -> None:
-    """Name the pod in its claim's reservedFor (kube-scheduler does on binding), or clear it (the
-    resourceclaim controller does once the pod is gone): our controller never releases a claim
-    that is still reserved."""
-    claim = cluster.claim(f"{name}-claim")
-    assert claim is not None
-    claim["status"]["reservedFor"] = (
-        [{"resource": "pods", "name": name, "uid": cluster.pod(name)["metadata"]["uid"]}] if reserved else []
-    )
-    if not reserved:
-        claim["status"].pop("reservedFor")
-    cluster.resource.replace_namespaced_resource_claim_status(f"{name}-claim", NAMESPACE, claim)
+def bind_and_hold(cluster: Cluster, name: str) -> None:
+    """A running victim: bound to the node of its claim, as kube-scheduler binds a pod we placed
+    (the claim is reserved for it already, in the write of its allocation), and kept Terminating
+    once evicted until ``stopped`` (a finalizer: the emulator has no graceful termination, and no
+    kubelet here ends it). Its claim is kept meanwhile."""
+    binding = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name},
+               "target": {"kind": "Node", "name": "node-a"}}  # fmt: skip
+    cluster.core.create_namespaced_pod_binding(name, NAMESPACE, binding, _preload_content=False)
+    cluster.core.patch_namespaced_pod(name, NAMESPACE, {"metadata": {"finalizers": ["example.com/keep"]}})
+
+
+def terminating(cluster: Cluster, name: str) -> bool:
+    return bool(cluster.pod(name)["metadata"].get("deletionTimestamp"))
+
+
+def stopped(cluster: Cluster, name: str) -> None:
+    """What the kubelet does once the victim's containers stopped: the pod goes."""
+    cluster.core.patch_namespaced_pod(name, NAMESPACE, {"metadata": {"finalizers": None}})
+    if exists(cluster, name):  # a real apiserver waits for the kubelet's word: there is none
+        cluster.core.delete_namespaced_pod(name, NAMESPACE, grace_period_seconds=0)
+    wait_for(lambda: not exists(cluster, name), what=f"{name} gone")
 
 
 def test_the_freed_devices_are_not_taken_by_a_lower_priority_pod_in_between(
@@ -268,17 +277,18 @@ def test_the_freed_devices_are_not_taken_by_a_lower_priority_pod_in_between(
     setup(cluster, controller)
     fill(cluster, ("w0", "low", None), ("w1", "mid", None), ("w2", "low", None), ("w3", "mid", None))
     for name in ("w0", "w2"):
-        reserve(cluster, name, reserved=True)
+        bind_and_hold(cluster, name)
     for index in range(2):
         workload(cluster, f"train-{index}", priority="high", gang="train", size=2)
-    wait_for(lambda: not exists(cluster, "w0") and not exists(cluster, "w2"), what="victims evicted")
-    reserve(cluster, "w0", reserved=False)  # one victim's GPU is free, the other's not yet
+    wait_for(lambda: terminating(cluster, "w0") and terminating(cluster, "w2"), what="victims evicted")
+    stopped(cluster, "w0")  # one victim's GPU is free, the other's not yet
     wait_for(lambda: not cluster.allocated("w0-claim"), what="w0's claim released")
     workload(cluster, "sneaky", priority="low")  # fits in w0's GPU, but it is held for the gang
     wait_for(lambda: any(e["involvedObject"]["name"] == "sneaky" for e in events(cluster,
              "GangUnschedulable")), what="sneaky explained")  # fmt: skip
     assert not cluster.allocated("sneaky-claim") and not cluster.ungated("sneaky")
-    reserve(cluster, "w2", reserved=False)
+    assert cluster.allocated("w2-claim")  # its pod is still terminating
+    stopped(cluster, "w2")
     wait_for(lambda: placed(cluster, "train-0", "train-1"), what="the gang placed")
     assert not cluster.ungated("sneaky")
 

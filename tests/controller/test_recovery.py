@@ -75,10 +75,12 @@ def _placed_one(cluster: Cluster, name: str) -> Iterator[Controller]:
 
 def test_vanished_allocation_drops_our_finalizer_and_is_counted(cluster: Cluster) -> None:
     with _placed_one(cluster, "v") as instance:
-        # What kube-scheduler's PostFilter does when the pod fits no node: clear the allocation.
+        # What kube-scheduler's PostFilter does when the pod fits no node: clear the allocation, and
+        # the reservation we wrote with it (it clears a claim reserved for nobody or for that pod).
         claim = cluster.claim("v")
         assert claim is not None
-        del claim["status"]["allocation"]
+        assert [r["uid"] for r in claim["status"]["reservedFor"]] == [cluster.pod("v")["metadata"]["uid"]]
+        del claim["status"]["allocation"], claim["status"]["reservedFor"]
         cluster.resource.replace_namespaced_resource_claim_status("v", "default", claim)
         wait_for(lambda: not cluster.has_finalizer("v"), what="finalizer dropped")
         registry = instance.metrics.registry
@@ -125,8 +127,10 @@ def test_two_controllers_with_leader_election_never_double_allocate(
 ) -> None:
     for i in range(4):
         cluster.add_node(f"node-{i}", "h100-8x")  # 32 GPUs: 224 shares of 10Gi fit, 200 claims come
+    # 200 pods and a 1.5 s renew deadline: no client-side rate limit (--kube-api-qps 0), which would
+    # stretch the 600-odd writes over 12 s and delay each renewal behind the writers' tokens.
     lease = {"leader_elect": True, "lease_duration_seconds": 2.0, "renew_deadline_seconds": 1.5,
-             "retry_period_seconds": 0.1}  # fmt: skip
+             "retry_period_seconds": 0.1, "kube_api_qps": 0}  # fmt: skip
     a = controller(identity="replica-a", **lease)
     b = controller(identity="replica-b", **lease)
     wait_for(lambda: a.started.is_set() or b.started.is_set(), what="a leader")

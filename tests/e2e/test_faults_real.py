@@ -152,12 +152,21 @@ def _driver_restarts() -> dict[str, int]:
 
 
 def _prepared_claims() -> dict[str, set[str]]:
-    """Node -> UIDs of our claims reserved for a pod there (what the kubelet has prepared)."""
+    """Node -> UIDs of our claims reserved for a pod bound there (what the kubelet has prepared).
+    Bound, not only reserved: the controller reserves a claim for its one pod in the write of the
+    allocation, before the pod is bound (a pod still gated or pending has nothing prepared)."""
+    bound = {
+        (p["metadata"]["namespace"], p["metadata"]["uid"])
+        for p in list_items("pods", "--all-namespaces")
+        if (p.get("spec") or {}).get("nodeName")
+    }
     nodes: dict[str, set[str]] = {}
     for claim in list_items("resourceclaims", "--all-namespaces"):
         status = claim.get("status") or {}
         allocation = status.get("allocation")
-        if not allocation or not status.get("reservedFor"):
+        namespace = claim["metadata"]["namespace"]
+        reserved = {(namespace, r.get("uid")) for r in status.get("reservedFor") or ()}
+        if not allocation or not reserved & bound:
             continue
         for term in (allocation.get("nodeSelector") or {}).get("nodeSelectorTerms", []):
             for field in term.get("matchFields", []) + term.get("matchExpressions", []):

@@ -14,15 +14,29 @@ again as a whole. Claims of any driver are allocated: the allocator follows upst
 over every published slice, so all of a pod's claims land on one node;
 leaving another driver's claims to kube-scheduler could pick a node where ours do not fit, and its
 PostFilter would then clear our allocation.
+
+A claim that serves exactly one gated pod of the placement (made from its template, or named by it
+alone, and not one of its PodGroup's claims) is reserved for that pod in the write of its allocation
+(``GangPlan.reserved_for``): kube-scheduler's PreBind then finds it reserved and writes nothing.
+Whether an allocation is still ours to give back is read from its reservation
+(``reservation_of``): reserved for nobody, for a pod never bound (gated, or not bound yet), or for a
+pod seen deleted is as good as unreserved; a bound pod, several consumers or a PodGroup are not.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from driver.controller.kueue.check import reservation_wait_reason
-from driver.controller.model.gang_identity import GangSpec, identify, podgroup_claim, resolve
+from driver.controller.model.gang_identity import (
+    GangSpec,
+    binds_to_podgroup,
+    identify,
+    podgroup_claim,
+    resolve,
+)
 from driver.controller.model.objects import (
     GangKey,
     allocation_node,
@@ -31,10 +45,21 @@ from driver.controller.model.objects import (
     is_gated,
     object_key,
     pod_claim_refs,
+    pod_consumer,
+    reserved_pods,
 )
 from driver.controller.view.cache import ClusterCache, Kind
 
-__all__ = ["MAX_GANG_PODS", "GangPlan", "PodGroup", "gang_spec", "held_claims", "plan_gang"]
+__all__ = [
+    "MAX_GANG_PODS",
+    "GangPlan",
+    "PodGroup",
+    "Reservation",
+    "gang_spec",
+    "held_claims",
+    "plan_gang",
+    "reservation_of",
+]
 
 MAX_GANG_PODS = 4096  # a gang-size annotation above this is refused, not searched for
 
@@ -66,15 +91,64 @@ class GangPlan:
     # A pod of a committed kube-scheduler gang (beyond minCount) that does not fit now is handed to
     # kube-scheduler ungated, not held: kube-scheduler binds none of the group while one is gated.
     hand_over_unfit: bool = False
+    # (claim key, pod name, pod UID): a pending claim that serves that one pod alone, reserved for
+    # it in the write of its allocation.
+    reserved_for: tuple[tuple[str, str, str], ...] = ()
+
+    def consumer_of(self, claim_key: str) -> dict[str, str] | None:
+        """The ``status.reservedFor`` entry to write with this claim's allocation, or None (a claim
+        several pods share, or a PodGroup's: kube-scheduler reserves it)."""
+        for key, name, uid in self.reserved_for:
+            if key == claim_key:
+                return {"resource": "pods", "name": name, "uid": uid}
+        return None
+
+
+class Reservation(StrEnum):
+    """What a claim's ``status.reservedFor`` says about who may be using it (``reservation_of``)."""
+
+    NONE = "none"  # reserved for nobody
+    UNBOUND = "unbound"  # for one pod, known and not bound to a node: nothing of it runs
+    GONE = "gone"  # for one pod seen deleted
+    UNKNOWN = "unknown"  # for one pod this controller has not seen: only the API can say
+    IN_USE = "in-use"  # for a bound pod, several consumers, or a PodGroup
+
+
+def reservation_of(cache: ClusterCache, claim: dict[str, Any]) -> tuple[Reservation, dict[str, Any] | None]:
+    """Classify the claim's reservation, with the reserved pod when the cache holds it (under
+    ``cache.lock``). A pod that is gated or being deleted cannot be bound (kube-apiserver refuses the
+    binding), and one that is not bound ran nothing with the claim: an allocation reserved for it
+    alone is ours to give back as if unreserved, kube-scheduler's PostFilter rule
+    (``len(reservedFor) == 1 && uid == pod``) seen from our side."""
+    pods = reserved_pods(claim)
+    if pods is None or len(pods) > 1:
+        return Reservation.IN_USE, None
+    if not pods:
+        return Reservation.NONE, None
+    ((name, uid),) = pods
+    namespace = (claim.get("metadata") or {}).get("namespace")
+    pod = cache.get(Kind.POD, f"{namespace}/{name}")
+    if pod is not None and str(pod["metadata"].get("uid")) == uid:
+        if (pod.get("spec") or {}).get("nodeName"):
+            return Reservation.IN_USE, pod
+        return Reservation.UNBOUND, pod
+    if cache.seen_deleted(uid):
+        return Reservation.GONE, None
+    return Reservation.UNKNOWN, None
 
 
 def _is_allocated(claim: dict[str, Any]) -> bool:
     return bool((claim.get("status") or {}).get("allocation"))
 
 
-def _is_ours(claim: dict[str, Any]) -> bool:
-    status = claim.get("status") or {}
-    return bool(status.get("allocation")) and has_finalizer(claim) and not status.get("reservedFor")
+def _is_ours(cache: ClusterCache, claim: dict[str, Any]) -> bool:
+    """Allocated by us (our finalizer) and reserved for nobody, for a gated pod or for a pod gone."""
+    if not (_is_allocated(claim) and has_finalizer(claim)):
+        return False
+    reservation, pod = reservation_of(cache, claim)
+    if reservation is Reservation.UNBOUND:
+        return pod is not None and is_gated(pod)
+    return reservation in (Reservation.NONE, Reservation.GONE)
 
 
 def held_claims(cache: ClusterCache, gated: tuple[dict[str, Any], ...]) -> tuple[dict[str, Any], ...]:
@@ -89,7 +163,7 @@ def held_claims(cache: ClusterCache, gated: tuple[dict[str, Any], ...]) -> tuple
         for ref in pod_claim_refs(pod):
             claim_key = f"{namespace}/{ref.claim_name}"
             claim = cache.get(Kind.CLAIM, claim_key) if ref.claim_name else None
-            if claim is None or claim_key in seen or not _is_ours(claim):
+            if claim is None or claim_key in seen or not _is_ours(cache, claim):
                 continue
             if cache.rejection(Kind.CLAIM, claim_key) is not None:
                 continue  # never written back as read (it was cut when decoded)
@@ -125,7 +199,8 @@ def gang_spec(cache: ClusterCache, pods: list[dict[str, Any]]) -> GangSpec:
 
 def _placement_undone(cache: ClusterCache, pod: dict[str, Any]) -> bool:
     """An ungated pod, not bound, with a claim we allocated (our finalizer) that lost its allocation
-    and is reserved for nobody: kube-scheduler's gang PostFilter cleared it."""
+    and is reserved for nobody: kube-scheduler's gang PostFilter cleared it (it clears the
+    reservation with the allocation: ``reservedFor`` is only allowed while allocated)."""
     if is_gated(pod) or (pod.get("spec") or {}).get("nodeName"):
         return False
     namespace = pod["metadata"]["namespace"]
@@ -135,6 +210,39 @@ def _placement_undone(cache: ClusterCache, pod: dict[str, Any]) -> bool:
                 and not (claim.get("status") or {}).get("reservedFor"):  # fmt: skip
             return True
     return False
+
+
+def _single_pod_claims(
+    cache: ClusterCache,
+    gated: tuple[dict[str, Any], ...],
+    claims_of: list[list[dict[str, Any]]],
+    podgroup_claims: set[str],
+) -> tuple[tuple[str, str, str], ...]:
+    """(claim key, pod name, pod UID) of each pending claim that serves exactly one pod of ``gated``,
+    a pod still gated: no other pod the cache knows names it, it is not one of a PodGroup's claims,
+    and it is not owned by another pod (a claim made from a template is owned by its pod). A pod
+    placed again after kube-scheduler's PostFilter cleared its claims is ungated, in kube-scheduler's
+    hands already: its claims are left for kube-scheduler to reserve, as they were before."""
+    found: dict[str, tuple[str, str, str]] = {}
+    for pod, claims in zip(gated, claims_of, strict=True):
+        meta = pod["metadata"]
+        uid = str(meta.get("uid") or "")
+        if not is_gated(pod):
+            continue
+        for claim in claims:
+            claim_key = str(object_key(claim))
+            if not uid or _is_allocated(claim) or claim_key in podgroup_claims or claim_key in found:
+                continue
+            owner = next(
+                (o for o in claim["metadata"].get("ownerReferences") or () if o.get("controller")), None
+            )
+            if owner is not None and owner.get("kind") == "Pod" and str(owner.get("uid")) != uid:
+                continue
+            users = cache.claim_users(claim_key)
+            if len(users) == 1 and str(users[0]["metadata"].get("uid")) == uid:
+                consumer = pod_consumer(pod)
+                found[claim_key] = (claim_key, consumer["name"], consumer["uid"])
+    return tuple(found.values())
 
 
 def _one_by_one(cache: ClusterCache, gated: tuple[dict[str, Any], ...]) -> tuple[dict[str, Any], ...]:
@@ -206,6 +314,7 @@ def plan_gang(cache: ClusterCache, key: GangKey) -> GangPlan:
 
     # Resolve each gated pod's claims.
     claims_of: list[list[dict[str, Any]]] = []
+    podgroup_claims: set[str] = set()  # claims a PodGroup's pods share: kube-scheduler reserves them
     rejected: list[tuple[Kind, dict[str, Any], str]] = []
     for pod in gated:
         namespace = pod["metadata"]["namespace"]
@@ -230,6 +339,8 @@ def plan_gang(cache: ClusterCache, key: GangKey) -> GangPlan:
             reason = cache.rejection(Kind.CLAIM, f"{namespace}/{ref.claim_name}")
             if reason is not None:
                 rejected.append((Kind.CLAIM, claim, reason))
+            if binds_to_podgroup(pod, ref.entry, spec):
+                podgroup_claims.add(str(object_key(claim)))
             resolved.append(claim)
         claims_of.append(resolved)
     if rejected:
@@ -308,6 +419,7 @@ def plan_gang(cache: ClusterCache, key: GangKey) -> GangPlan:
         topology_key=spec.topology_key,
         target=spec.target,
         hand_over_unfit=committed and spec.scheduler_gang,
+        reserved_for=_single_pod_claims(cache, gated, claims_of, podgroup_claims),
     )
     if pending_total == 0 and not (len(gated) == 1 and size <= 1 and not pod_claim_refs(gated[0])):
         # Every claim is allocated already: nothing to decide. (A lone gated pod without claims is

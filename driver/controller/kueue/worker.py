@@ -8,7 +8,8 @@ A pass (on every Workload event, see ``driver.controller.kueue.watch``, and ever
 2. per Workload whose entry for one of those checks is ``Pending`` while quota is reserved: plan it
    against the slices, the allocations and the reservations held, and answer Ready / Retry / Rejected;
 3. per admitted Workload (our entry ``Ready``): once all its pods exist, carry our gate and no Kueue
-   gate, and have their claims, write the planned allocations and remove our gate; until then check
+   gate, and have their claims, write the planned allocations (a claim made from a pod's template
+   reserved for that pod in the same write) and remove our gate; until then check
    that the reservation still holds and has not expired, else set ``Retry`` (Kueue evicts it and
    frees the quota rather than leaving pods gated forever).
 """
@@ -43,7 +44,14 @@ from driver.controller.kueue.check import (
     quota_reserved,
     reservation_problem,
 )
-from driver.controller.model.objects import FINALIZER, GATE, is_deleting, object_key, pod_claim_refs
+from driver.controller.model.objects import (
+    FINALIZER,
+    GATE,
+    is_deleting,
+    object_key,
+    pod_claim_refs,
+    pod_consumer,
+)
 from driver.controller.sizing.hints import profile_shapes
 from driver.controller.writes.writer import ApiWriter, HaltWrites
 from driver.errors import ConflictError, FractionalError
@@ -411,7 +419,7 @@ class KueueAdmissionCheck:
                 log.warning("pod has no slot in the reservation", extra={"pod": str(object_key(pod))})
                 return
             assignments.append((pod, free.pop(0)))
-        writes: list[tuple[dict[str, Any], dict[str, Any]]] = []
+        writes: list[tuple[dict[str, Any], dict[str, Any], dict[str, str] | None]] = []
         for pod, index in assignments:
             planned = reservation.pods[index]
             refs = {ref.entry: ref for ref in pod_claim_refs(pod)}
@@ -422,15 +430,15 @@ class KueueAdmissionCheck:
                 claim = by_key.get(f"{pod['metadata']['namespace']}/{ref.claim_name}")
                 if claim is None:
                     return
-                writes.append((claim, allocation))
+                writes.append((claim, allocation, _own_claim_consumer(pod, claim)))
         try:
-            for claim, allocation in writes:
+            for claim, allocation, consumer in writes:
                 if (claim.get("status") or {}).get("allocation"):
                     continue  # written by an earlier pass
                 claim = self._writer.add_finalizer(claim) if FINALIZER not in (
                     claim["metadata"].get("finalizers") or ()
                 ) else claim  # fmt: skip
-                self._writer.write_allocation(claim, allocation)
+                self._writer.write_allocation(claim, allocation, reserved_for=consumer)
             for pod, _ in assignments:
                 self._writer.ungate_pod(pod)
         except ConflictError:
@@ -440,6 +448,18 @@ class KueueAdmissionCheck:
             "reserved workload placed", extra={"workload": reservation.workload, "pods": len(assignments)}
         )
         self._reservations.pop(reservation.workload, None)
+
+
+def _own_claim_consumer(pod: dict[str, Any], claim: dict[str, Any]) -> dict[str, str] | None:
+    """The pod's ``status.reservedFor`` entry when the claim is the pod's own (made from its
+    template: its controller owner is this pod), written with the allocation so that
+    kube-scheduler's PreBind has nothing to write; None for any other claim (kube-scheduler
+    reserves it)."""
+    uid = (pod.get("metadata") or {}).get("uid")
+    owner = next((o for o in claim["metadata"].get("ownerReferences") or () if o.get("controller")), None)
+    if uid and owner is not None and owner.get("kind") == "Pod" and owner.get("uid") == uid:
+        return pod_consumer(pod)
+    return None
 
 
 def _has_our_gate(pod: dict[str, Any]) -> bool:

@@ -6,7 +6,9 @@ so that nothing else waits for a whole pass): ready gangs are decided together (
 and each allocation is assumed into the cache at once, so the next decision counts it. Every
 write then goes to the bounded pool of writers as one job per gang or claim:
 
-- a gang's job writes our finalizer and the allocation of each claim, re-checks that no claim or
+- a gang's job writes our finalizer and the allocation of each claim (with ``status.reservedFor``
+  naming the pod, in the same write, for a claim that serves one pod alone: kube-scheduler's PreBind
+  then has nothing to write), re-checks that no claim or
   pod was deleted meanwhile and that the nodes and devices the gang was placed on are still there
   (a Node deleted with its slices: the gang is undone and planned again, gates kept), then removes
   the gates (the commit point): in that order, on one writer thread;
@@ -34,7 +36,7 @@ from driver.controller.diagnosis.explain import best_node_offer, describe_demand
 from driver.controller.gangs.burst import decide_all
 from driver.controller.gangs.decide import Decision
 from driver.controller.gangs.nodefit import node_admits_pod
-from driver.controller.gangs.plan import GangPlan, plan_gang
+from driver.controller.gangs.plan import GangPlan, Reservation, plan_gang, reservation_of
 from driver.controller.kueue.check import kueue_provisions
 from driver.controller.metrics import ControllerMetrics
 from driver.controller.model.decode import bounded
@@ -47,6 +49,7 @@ from driver.controller.model.objects import (
     is_gated,
     object_key,
     pod_claim_refs,
+    reserved_pods,
 )
 from driver.controller.preemption.preemptor import Preemptor
 from driver.controller.preemption.refusal import RefusedShares
@@ -383,7 +386,8 @@ class Reconciler:
                     break
                 with_finalizer = writer.add_finalizer(claim)
                 written.append(with_finalizer)
-                written[-1] = writer.write_allocation(with_finalizer, allocation)
+                consumer = plan.consumer_of(str(object_key(claim)))
+                written[-1] = writer.write_allocation(with_finalizer, allocation, reserved_for=consumer)
             with self.cache.lock:  # once per gang: the writers do not queue for the lock per write
                 for stored in written:  # allocated as we assumed: nothing is freed, nobody to tell
                     self.cache.apply(Kind.CLAIM, "MODIFIED", stored)
@@ -428,8 +432,9 @@ class Reconciler:
         self.cache.forget_assumed([str(object_key(c)) for c, _ in decision.allocations])
         for pod, _node in decision.pod_nodes:
             self.cache.forget_placement(str(object_key(pod)))
+        placed = frozenset(str(p["metadata"].get("uid")) for p in plan.gated if is_gated(p))
         try:
-            self._undo(writer, written)
+            self._undo(writer, written, placed)
         except FractionalError as error:  # what is left is a half-done gang: its next pass releases it
             log.warning("undo incomplete", extra={"gang": plan.key, "error": bounded(error)})
         self.capacity_freed()
@@ -505,14 +510,19 @@ class Reconciler:
             or current["metadata"].get("uid") != obj["metadata"].get("uid")
         )
 
-    def _undo(self, writer: ApiWriter, written: list[dict[str, Any]]) -> None:
+    def _undo(self, writer: ApiWriter, written: list[dict[str, Any]], placed: frozenset[str]) -> None:
+        """Clear what this gang's job wrote: each allocation (with the reservation we wrote for one
+        of ``placed``, the UIDs of the gang's pods that are gated: nothing can bind them), then our
+        finalizer. An allocation reserved for anyone else (kube-scheduler's reservation of an
+        ungated pod) is left as it is."""
         for stored in reversed(written):
             current = stored
             for _attempt in range(3):
                 try:
                     if (current.get("status") or {}).get("allocation"):
-                        if (current.get("status") or {}).get("reservedFor"):
-                            break  # someone already uses it: leave it
+                        reserved = reserved_pods(current)
+                        if reserved is None or any(uid not in placed for _name, uid in reserved):
+                            break  # someone else already uses it: leave it
                         current = writer.clear_allocation(current)
                         self._assume(current)
                     current = writer.remove_finalizer(current)
@@ -699,7 +709,26 @@ class Reconciler:
 
     # -- claims ---------------------------------------------------------------------------------------
 
+    def _release_if_gone(self, writer: ApiWriter, claim: dict[str, Any]) -> None:
+        """Release ``claim``, reserved for one pod this controller never saw, once the API says that
+        pod is gone (kube-controller-manager's resourceclaim controller asks it too, before it drops
+        such a reservation); a pod that exists keeps it."""
+        ((name, uid),) = reserved_pods(claim) or (("", ""),)
+        namespace = claim["metadata"]["namespace"]
+        try:
+            found: str | None = str(writer.read_pod(namespace, name)["metadata"].get("uid"))
+        except NotFoundError:
+            found = None
+        if found == uid:
+            return  # it exists: its claim is released when it ends (the pod's deletion queues it)
+        log.info("releasing claim", extra={"claim": str(object_key(claim)), "deleting": is_deleting(claim),
+                 "reservation": "gone"})  # fmt: skip
+        self._release(writer, claim)
+
     def _release(self, writer: ApiWriter, claim: dict[str, Any]) -> None:
+        """Clear the allocation (its reservation and device status with it), then our finalizer;
+        each write carries the claim's resourceVersion: a 409 (the resourceclaim controller dropped
+        the reservation meanwhile, say) requeues the key, decided again from the new version."""
         current = claim
         if (current.get("status") or {}).get("allocation"):
             current = writer.clear_allocation(current)
@@ -728,11 +757,18 @@ class Reconciler:
         status = claim.get("status") or {}
         users = self.cache.claim_users(key)
         if is_deleting(claim) or (status.get("allocation") and not users):
-            if status.get("reservedFor"):
-                return  # in use: the scheduler / claim controller must unreserve it first
+            with self.cache.lock:
+                reservation, _pod = reservation_of(self.cache, claim)
+            if reservation is Reservation.IN_USE:
+                return  # in use: kube-scheduler / the resourceclaim controller unreserves it first
             if any((u.get("spec") or {}).get("nodeName") for u in users):
                 return  # a bound pod runs with it (reservedFor may lag): release when the pod ends
-            log.info("releasing claim", extra={"claim": key, "deleting": is_deleting(claim)})
+            if reservation is Reservation.UNKNOWN:
+                # Reserved for a pod never seen here (we restarted since): gone, or not seen yet?
+                self._start_job([queue_key], lambda w: self._release_if_gone(w.writer, claim))
+                return
+            log.info("releasing claim", extra={"claim": key, "deleting": is_deleting(claim),
+                     "reservation": reservation.value})  # fmt: skip
             self._start_job([queue_key], lambda w: self._release(w.writer, claim))
             return
         if status.get("allocation"):

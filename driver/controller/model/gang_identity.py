@@ -49,6 +49,7 @@ __all__ = [
     "GangSource",
     "GangSpec",
     "Lookup",
+    "binds_to_podgroup",
     "default_sources",
     "gangs_of_object",
     "identify",
@@ -281,23 +282,28 @@ def resolve(ref: GangRef, lookup: Lookup) -> GangSpec:
     return GangSpec(min_count=count, target=_target(group))
 
 
-def podgroup_claim(pod: dict[str, Any], ref: ClaimRef, spec: GangSpec) -> ClaimRef:
-    """A pod claim that matches one of its PodGroup's claims exactly (``name`` and the same
-    ``resourceClaimName``/``resourceClaimTemplateName``, KEP-5729) resolves to the one claim
-    generated for the PodGroup (its ``status.resourceClaimStatuses``); else ``ref`` unchanged."""
+def binds_to_podgroup(pod: dict[str, Any], entry_name: str, spec: GangSpec) -> bool:
+    """Whether the pod's claim entry ``entry_name`` matches one of its PodGroup's claims exactly
+    (``name`` and the same ``resourceClaimName``/``resourceClaimTemplateName``, KEP-5729): such a
+    claim serves the PodGroup and is reserved for it (upstream ``resourceclaim.BindTo``)."""
     entry = next(
-        (e for e in (pod.get("spec") or {}).get("resourceClaims") or () if e.get("name") == ref.entry), None
+        (e for e in (pod.get("spec") or {}).get("resourceClaims") or () if e.get("name") == entry_name), None
     )
     if entry is None:
-        return ref
+        return False
     fields = ("name", "resourceClaimName", "resourceClaimTemplateName")
-    for claim in spec.claims:
-        if all(claim.get(f) == entry.get(f) for f in fields):
-            status = next((s for s in spec.claim_statuses if s.get("name") == ref.entry), None)
-            if status is not None and status.get("resourceClaimName"):
-                return ClaimRef(
-                    entry=ref.entry, claim_name=str(status["resourceClaimName"]), from_template=True
-                )
+    return any(all(claim.get(f) == entry.get(f) for f in fields) for claim in spec.claims)
+
+
+def podgroup_claim(pod: dict[str, Any], ref: ClaimRef, spec: GangSpec) -> ClaimRef:
+    """A pod claim that matches one of its PodGroup's claims exactly (``binds_to_podgroup``)
+    resolves to the one claim generated for the PodGroup (its ``status.resourceClaimStatuses``);
+    else ``ref`` unchanged."""
+    if not binds_to_podgroup(pod, ref.entry, spec):
+        return ref
+    status = next((s for s in spec.claim_statuses if s.get("name") == ref.entry), None)
+    if status is not None and status.get("resourceClaimName"):
+        return ClaimRef(entry=ref.entry, claim_name=str(status["resourceClaimName"]), from_template=True)
     return ref
 
 

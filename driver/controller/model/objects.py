@@ -33,8 +33,10 @@ __all__ = [
     "node_allocatable",
     "object_key",
     "pod_claim_refs",
+    "pod_consumer",
     "pod_requests",
     "quantity",
+    "reserved_pods",
     "resource_version_is_older",
 ]
 
@@ -70,6 +72,24 @@ def is_deleting(obj: dict[str, Any]) -> bool:
 
 def has_finalizer(obj: dict[str, Any], finalizer: str = FINALIZER) -> bool:
     return finalizer in ((obj.get("metadata") or {}).get("finalizers") or ())
+
+
+def pod_consumer(pod: dict[str, Any]) -> dict[str, str]:
+    """The ``status.reservedFor`` entry naming ``pod`` (a resource.k8s.io/v1
+    ResourceClaimConsumerReference: ``apiGroup`` is the core group's empty name, left out)."""
+    meta = pod.get("metadata") or {}
+    return {"resource": "pods", "name": str(meta.get("name")), "uid": str(meta.get("uid"))}
+
+
+def reserved_pods(claim: dict[str, Any]) -> tuple[tuple[str, str], ...] | None:
+    """(name, uid) of each ``status.reservedFor`` entry, in order; None when an entry names
+    anything but a core Pod (a PodGroup, KEP-5729, or another consumer type)."""
+    pods = []
+    for entry in (claim.get("status") or {}).get("reservedFor") or ():
+        if not isinstance(entry, dict) or entry.get("apiGroup") or entry.get("resource") != "pods":
+            return None
+        pods.append((str(entry.get("name") or ""), str(entry.get("uid") or "")))
+    return tuple(pods)
 
 
 def gang_key_of(pod: dict[str, Any]) -> GangKey:

@@ -410,6 +410,12 @@ class ClusterCache:
             keys = {key for pool in pools for key in index.get(pool, ())}
             return [self._objects[kind][key] for key in keys]
 
+    def seen_deleted(self, uid: str) -> bool:
+        """Whether an object with this UID was seen deleted (by a watch or a relist) since this
+        cache started; the oldest of the last ``MAX_DELETED_UIDS`` are forgotten."""
+        with self.lock:
+            return uid in self._deleted_uids
+
     def count(self, kind: Kind) -> int:
         with self.lock:
             return len(self._objects[kind])

@@ -1,7 +1,8 @@
 """Every API write the controller makes, each one guarded by the object's resourceVersion.
 
 Order for a gang (the worker drives it): our finalizer on each claim, then each claim's
-``status.allocation``, then the gate off each pod. A crash at any point leaves a state the next
+``status.allocation`` (and, for a claim that serves one pod alone, ``status.reservedFor`` naming it,
+in the same write), then the gate off each pod. A crash at any point leaves a state the next
 controller converges from: a finalizer without an allocation is dropped or reused, allocations of
 a gang whose pods are all still gated are released and redone (or, when complete, the pods are
 ungated). Removing a gate cannot be undone, so ungating is the commit point.
@@ -14,7 +15,7 @@ from __future__ import annotations
 import copy
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -157,25 +158,43 @@ class ApiWriter:
         self._done("remove-finalizer", object_key(claim))
         return stored
 
-    def write_allocation(self, claim: dict[str, Any], allocation: dict[str, Any]) -> dict[str, Any]:
+    def write_allocation(
+        self,
+        claim: dict[str, Any],
+        allocation: dict[str, Any],
+        *,
+        reserved_for: Mapping[str, str] | None = None,
+    ) -> dict[str, Any]:
         """Write ``status.allocation``, stamped with ``allocationTimestamp`` (when it was allocated)
         unless it carries one. kube-scheduler stamps an allocation it finds without one when it
         reserves the claim for the pod (DRADeviceBindingConditions, on by default from 1.37), and
-        an allocation is immutable: the server refused that write, and the pod never started."""
+        an allocation is immutable: the server refused that write, and the pod never started.
+
+        ``reserved_for``: the one pod the claim serves (``pod_consumer``), written as the claim's
+        ``status.reservedFor`` in the same write. kube-scheduler's PreBind skips a claim already
+        reserved for the pod it binds (upstream ``resourceclaim.IsReservedForPod``), so the claim
+        costs it no status update of its own."""
         body = copy.deepcopy(claim)
         stamped = dict(allocation)
         stamped.setdefault("allocationTimestamp", format_time(self._now()))
-        body.setdefault("status", {})["allocation"] = stamped
+        status = body.setdefault("status", {})
+        status["allocation"] = stamped
+        if reserved_for is not None:
+            status["reservedFor"] = [dict(reserved_for)]
         self._check_fence()
         stored = self._replace_claim_status(body, "allocate")
         self._done("allocate", object_key(claim))
         return stored
 
     def clear_allocation(self, claim: dict[str, Any]) -> dict[str, Any]:
+        """Clear ``status.allocation``, with the reservation (the API allows ``reservedFor`` only
+        while allocated; callers clear only a reservation for a pod never bound, or one gone) and
+        the device status (its entries must match an allocated result)."""
         body = copy.deepcopy(claim)
         status = body.setdefault("status", {})
         status.pop("allocation", None)
-        status.pop("devices", None)  # device status entries must match an allocated result
+        status.pop("reservedFor", None)
+        status.pop("devices", None)
         self._check_fence()
         stored = self._replace_claim_status(body, "deallocate")
         self._done("deallocate", object_key(claim))

@@ -1,0 +1,286 @@
+"""The reservation written with the allocation: a claim that serves one pod alone carries
+``status.reservedFor = [that pod]`` from the write of its allocation, so that kube-scheduler's PreBind
+(which skips a claim already reserved for the pod it binds) writes nothing; a shared claim is left
+for kube-scheduler to reserve. Every guarantee that read "allocated, reserved for nobody" as ours
+holds for "reserved only for the pod we placed": the gang undo, the release of a claim whose pod
+went away, kube-scheduler's PostFilter clearing both. The emulator over HTTP, the real client."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from driver.controller import Controller, ReconcilerSettings, WriteRecord
+from driver.controller.gangs.plan import Reservation, reservation_of
+from driver.controller.view.cache import ClusterCache, Kind
+from tests.controller.conftest import (
+    NAMESPACE,
+    Cluster,
+    RunningController,
+    gated_pod,
+    gpu_claim,
+    wait_for,
+)
+
+pytestmark = pytest.mark.shared  # also run on the real apiserver (--cluster=real)
+
+
+def _consumer(cluster: Cluster, pod: str) -> dict[str, str]:
+    return {"resource": "pods", "name": pod, "uid": cluster.pod(pod)["metadata"]["uid"]}
+
+
+def _reserved(cluster: Cluster, claim_name: str) -> list[dict[str, Any]] | None:
+    claim = cluster.claim(claim_name)
+    assert claim is not None
+    reserved: list[dict[str, Any]] | None = (claim.get("status") or {}).get("reservedFor")
+    return reserved
+
+
+def _start(cluster: Cluster, hook: Callable[[WriteRecord], None] | None = None) -> Controller:
+    instance = Controller(
+        configuration=cluster.server.configuration(), settings=ReconcilerSettings(), write_hook=hook
+    )
+    instance.start()
+    return instance
+
+
+def _bind(cluster: Cluster, pod: str, node: str = "node-a") -> None:
+    """kube-scheduler's bind (its PreBind found the claims reserved for the pod: nothing to write)."""
+    binding = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": pod},
+               "target": {"kind": "Node", "name": node}}  # fmt: skip
+    cluster.core.create_namespaced_pod_binding(pod, NAMESPACE, binding, _preload_content=False)
+
+
+def test_a_placed_claim_is_reserved_for_its_pod_in_the_write_of_its_allocation(cluster: Cluster) -> None:
+    cluster.add_node("node-a", "l4-2x")
+    cluster.create_claim(gpu_claim("solo", memory="2Gi"))
+    cluster.create_pod(gated_pod("solo", ["solo"]))
+    records: list[WriteRecord] = []
+    instance = _start(cluster, records.append)
+    try:
+        wait_for(lambda: cluster.ungated("solo"), what="solo placed")
+        claim = cluster.claim("solo")
+        assert claim is not None and claim["status"]["allocation"]
+        assert claim["status"]["reservedFor"] == [_consumer(cluster, "solo")]
+        # Three writes for the pod, as before: finalizer, allocation with its reservation, gate.
+        assert [r.action for r in records] == ["add-finalizer", "allocate", "ungate"]
+    finally:
+        instance.stop()
+
+
+def test_one_status_write_per_claim_and_none_left_for_kube_scheduler(cluster: Cluster) -> None:
+    """Counted at the server: one update of ``resourceclaims/status`` per claim placed, and the
+    reservation kube-scheduler's PreBind would have written (one more status update) is already
+    there, so binding the pod changes no claim."""
+    cluster.add_node("node-a", "l4-2x")
+    names = [f"p{i}" for i in range(3)]
+    for name in names:
+        cluster.create_claim(gpu_claim(name, memory="2Gi"))
+        cluster.create_pod(gated_pod(name, [name]))
+    cluster.server.reset_counts()
+    instance = _start(cluster)
+    try:
+        wait_for(lambda: all(cluster.ungated(n) for n in names), what="all placed")
+        assert cluster.server.request_count("update", "resourceclaims/status") == len(names)
+        assert cluster.server.request_count("update", "resourceclaims") == len(names)  # finalizers
+        assert cluster.server.request_count("patch", "pods") == len(names)  # gates
+        for name in names:
+            assert _reserved(cluster, name) == [_consumer(cluster, name)]
+            _bind(cluster, name)
+        assert cluster.server.request_count("update", "resourceclaims/status") == len(names)
+    finally:
+        instance.stop()
+
+
+def test_a_claim_from_the_pods_template_is_reserved_for_it(
+    cluster: Cluster, controller: Callable[..., RunningController]
+) -> None:
+    cluster.add_node("node-a", "l4-2x")
+    pod = cluster.create_pod(gated_pod("tpl", [], templates=["gpu-template"]))
+    controller()
+    # What kube-controller-manager would do: the claim, owned by the pod, then the pod's status.
+    claim = gpu_claim("tpl-t0-abcde", memory="2Gi")
+    claim["metadata"]["ownerReferences"] = [
+        {"apiVersion": "v1", "kind": "Pod", "name": "tpl", "uid": pod["metadata"]["uid"],
+         "controller": True, "blockOwnerDeletion": True}
+    ]  # fmt: skip
+    cluster.create_claim(claim)
+    body = cluster.pod("tpl")
+    body["status"] = {"resourceClaimStatuses": [{"name": "t0", "resourceClaimName": "tpl-t0-abcde"}]}
+    cluster.core.replace_namespaced_pod_status("tpl", NAMESPACE, body)
+    wait_for(lambda: cluster.ungated("tpl"), what="tpl placed")
+    assert _reserved(cluster, "tpl-t0-abcde") == [_consumer(cluster, "tpl")]
+
+
+def test_a_claim_two_pods_share_is_left_for_kube_scheduler_to_reserve(
+    cluster: Cluster, controller: Callable[..., RunningController]
+) -> None:
+    cluster.add_node("node-a", "l4-2x")
+    cluster.create_claim(gpu_claim("shared", memory="2Gi"))
+    cluster.create_claim(gpu_claim("a-own", memory="2Gi"))
+    cluster.create_pod(gated_pod("a", ["shared", "a-own"]))
+    cluster.create_pod(gated_pod("b", ["shared"]))
+    controller()
+    wait_for(lambda: cluster.ungated("a") and cluster.ungated("b"), what="both placed")
+    assert cluster.allocated("shared") and _reserved(cluster, "shared") is None
+    assert _reserved(cluster, "a-own") == [_consumer(cluster, "a")]
+
+
+def test_a_gang_undo_clears_the_allocation_and_the_reservation(cluster: Cluster) -> None:
+    """The second claim's allocation fails once (409): the first claim, allocated and reserved for its
+    pod a moment before, is given back whole (allocation and reservation in one write, then our
+    finalizer), every pod still gated; the gang is then placed again, reserved again."""
+    cluster.add_node("node-a", "l4-2x")
+    names = ["g-0", "g-1"]
+    for name in names:
+        cluster.create_claim(gpu_claim(name, memory="4Gi", compute=None))
+        cluster.create_pod(gated_pod(name, [name], gang="g", size=2))
+    cluster.server.inject_fault(verb="update", resource="resourceclaims/status", status=409, name="g-1")
+    undone: list[dict[str, Any]] = []
+    lock = threading.Lock()
+
+    def hook(record: WriteRecord) -> None:
+        if record.action == "deallocate" and record.key == f"{NAMESPACE}/g-0":
+            claim = cluster.claim("g-0")  # as the undo left it (written before the hook is called)
+            with lock:
+                undone.append({"claim": claim, "gated": [not cluster.ungated(n) for n in names]})
+
+    instance = _start(cluster, hook)
+    try:
+        wait_for(lambda: all(cluster.ungated(n) for n in names), what="the gang placed after the undo")
+        with lock:
+            (seen,) = undone
+        status = seen["claim"]["status"] if seen["claim"] else {}
+        assert "allocation" not in status and "reservedFor" not in status
+        assert seen["gated"] == [True, True]
+        for name in names:
+            assert _reserved(cluster, name) == [_consumer(cluster, name)]
+    finally:
+        instance.stop()
+
+
+@pytest.mark.parametrize("bound", [False, True], ids=["before-binding", "after-binding"])
+def test_a_pod_deleted_after_placement_releases_its_claim(cluster: Cluster, bound: bool) -> None:
+    """Its claim is reserved for a pod that no longer exists. kube-controller-manager drops such a
+    reservation (and deallocates only claims with its own finalizer, resource.kubernetes.io/
+    delete-protection, which ours never carry); we release it ourselves once we saw the pod deleted:
+    allocation and reservation in one write guarded by the claim's resourceVersion, then our finalizer.
+    Whichever of the two writes second gets a 409 and looks again."""
+    cluster.add_node("node-a", "l4-2x")
+    cluster.create_claim(gpu_claim("left", memory="2Gi"))
+    cluster.create_pod(gated_pod("left", ["left"]))
+    instance = _start(cluster)
+    try:
+        wait_for(lambda: cluster.ungated("left"), what="left placed")
+        assert _reserved(cluster, "left") == [_consumer(cluster, "left")]
+        if bound:
+            _bind(cluster, "left")
+            wait_for(lambda: (instance.cache.get(Kind.POD, f"{NAMESPACE}/left") or {}).get("spec", {})
+                     .get("nodeName"), what="the binding seen")  # fmt: skip
+        cluster.core.delete_namespaced_pod("left", NAMESPACE, grace_period_seconds=0)
+        wait_for(lambda: not cluster.has_finalizer("left"), what="the claim released")
+        claim = cluster.claim("left")
+        assert claim is not None
+        status = claim.get("status") or {}
+        assert "allocation" not in status and "reservedFor" not in status
+    finally:
+        instance.stop()
+
+
+def test_a_claim_reserved_for_a_pod_gone_while_we_were_down_is_released(cluster: Cluster) -> None:
+    """A new process never saw the pod: it asks the API (as kube-controller-manager does before it
+    drops a reservation), and the pod is not there: released."""
+    cluster.add_node("node-a", "l4-2x")
+    cluster.create_claim(gpu_claim("orphan", memory="2Gi"))
+    cluster.create_pod(gated_pod("orphan", ["orphan"]))
+    first = _start(cluster)
+    try:
+        wait_for(lambda: cluster.ungated("orphan"), what="orphan placed")
+    finally:
+        first.stop()
+    assert _reserved(cluster, "orphan") == [_consumer(cluster, "orphan")]
+    cluster.core.delete_namespaced_pod("orphan", NAMESPACE, grace_period_seconds=0)
+    second = _start(cluster)
+    try:
+        wait_for(lambda: not cluster.has_finalizer("orphan"), what="the claim released")
+        assert not cluster.allocated("orphan") and _reserved(cluster, "orphan") is None
+    finally:
+        second.stop()
+
+
+def test_a_bound_pods_claim_is_kept_while_the_pod_runs(cluster: Cluster) -> None:
+    """Deleting the claim of a bound pod leaves it allocated and reserved until the pod is gone."""
+    cluster.add_node("node-a", "l4-2x")
+    cluster.create_claim(gpu_claim("kept", memory="2Gi"))
+    cluster.create_pod(gated_pod("kept", ["kept"]))
+    instance = _start(cluster)
+    try:
+        wait_for(lambda: cluster.ungated("kept"), what="kept placed")
+        _bind(cluster, "kept")
+        wait_for(lambda: (instance.cache.get(Kind.POD, f"{NAMESPACE}/kept") or {}).get("spec", {})
+                 .get("nodeName"), what="the binding seen")  # fmt: skip
+        cluster.resource.delete_namespaced_resource_claim("kept", NAMESPACE)
+        wait_for(lambda: (instance.cache.get(Kind.CLAIM, f"{NAMESPACE}/kept") or {}).get("metadata", {})
+                 .get("deletionTimestamp"), what="the deletion seen")  # fmt: skip
+        # A sync point: a pod placed after the deletion was seen is decided after the claim's key.
+        cluster.create_claim(gpu_claim("marker", memory="2Gi"))
+        cluster.create_pod(gated_pod("marker", ["marker"]))
+        wait_for(lambda: cluster.ungated("marker"), what="the marker placed")
+        assert cluster.allocated("kept") and _reserved(cluster, "kept") == [_consumer(cluster, "kept")]
+        cluster.core.delete_namespaced_pod("kept", NAMESPACE, grace_period_seconds=0)
+        wait_for(lambda: cluster.claim("kept") is None, what="released once its pod is gone")
+    finally:
+        instance.stop()
+
+
+# -- reservation_of, on a cache (pure reads) -------------------------------------------------------
+
+
+def _pod(name: str, uid: str, *, gated: bool = False, node: str | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"containers": [{"name": "main"}]}
+    if gated:
+        spec["schedulingGates"] = [{"name": "fractional.dev/allocation"}]
+    if node:
+        spec["nodeName"] = node
+    meta = {"name": name, "namespace": NAMESPACE, "uid": uid, "resourceVersion": "1"}
+    return {"metadata": meta, "spec": spec}
+
+
+def _claim(*entries: dict[str, Any]) -> dict[str, Any]:
+    status: dict[str, Any] = {"allocation": {"devices": {"results": []}}}
+    if entries:
+        status["reservedFor"] = list(entries)
+    return {"metadata": {"name": "c", "namespace": NAMESPACE, "uid": "c-uid", "resourceVersion": "1"},
+            "status": status}  # fmt: skip
+
+
+def _entry(name: str, uid: str, **extra: str) -> dict[str, Any]:
+    return {"resource": "pods", "name": name, "uid": uid, **extra}
+
+
+def test_reservation_of_reads_who_may_use_the_claim() -> None:
+    cache = ClusterCache(topology_label="zone")
+    cache.apply(Kind.POD, "ADDED", _pod("gated", "u-gated", gated=True))
+    cache.apply(Kind.POD, "ADDED", _pod("waiting", "u-waiting"))
+    cache.apply(Kind.POD, "ADDED", _pod("bound", "u-bound", node="node-a"))
+    cache.apply(Kind.POD, "ADDED", _pod("deleted", "u-deleted"))
+    cache.apply(Kind.POD, "DELETED", _pod("deleted", "u-deleted"))
+    cases = {
+        "nobody": (_claim(), Reservation.NONE),
+        "a gated pod": (_claim(_entry("gated", "u-gated")), Reservation.UNBOUND),
+        "an ungated pod not bound yet": (_claim(_entry("waiting", "u-waiting")), Reservation.UNBOUND),
+        "a bound pod": (_claim(_entry("bound", "u-bound")), Reservation.IN_USE),
+        "a pod seen deleted": (_claim(_entry("deleted", "u-deleted")), Reservation.GONE),
+        "an older pod of the same name": (_claim(_entry("gated", "u-older")), Reservation.UNKNOWN),
+        "a pod never seen": (_claim(_entry("stranger", "u-stranger")), Reservation.UNKNOWN),
+        "two pods": (_claim(_entry("gated", "u-gated"), _entry("waiting", "u-waiting")), Reservation.IN_USE),
+        "a PodGroup": (
+            _claim({"apiGroup": "scheduling.k8s.io", "resource": "podgroups", "name": "g", "uid": "u-g"}),
+            Reservation.IN_USE,
+        ),
+    }
+    found = {case: reservation_of(cache, claim)[0] for case, (claim, _) in cases.items()}
+    assert found == {case: expected for case, (_, expected) in cases.items()}
