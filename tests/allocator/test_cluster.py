@@ -267,3 +267,26 @@ def test_cluster_mode_finds_the_smaller_first_available_alternative() -> None:
         allocations = state.allocate([prioritized], policy=policy)
         assert allocations is not None
         assert allocations[0]["devices"]["results"][0]["request"] == "gpu/small"
+
+
+def test_free_snapshot_summarizes_as_free_summary_did_when_taken() -> None:
+    """``free_snapshot`` is taken under the controller's lock and summarized without it: later
+    changes to the ledger (a share added to and one removed from the same device, a whole GPU
+    taken) must not show in it."""
+    state = _state({"a": {}, "b": {}}, gpus=2, memory_gi=40)
+
+    def place(raw: dict[str, Any]) -> None:
+        allocations = state.allocate([raw], policy="first-fit")
+        assert allocations is not None
+        _assume(state, [raw], allocations)
+
+    place(share("c0", 10))
+    place(share("c1", 5))
+    before = state.free_summary()
+    snapshot = state.free_snapshot()
+    place(share("c2", 7))  # on the device of c0 and c1 (first-fit)
+    state.remove_claim("uid-default-c0")
+    place(whole("w0"))
+    assert state.free_summary() != before
+    assert snapshot.summary() == before
+    assert state.free_snapshot().summary() == state.free_summary()
