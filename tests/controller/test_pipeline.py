@@ -147,3 +147,25 @@ def test_a_failed_write_undoes_exactly_its_gang(slow_cluster: Cluster) -> None:
         assert all(cluster.allocated(n) for names in gangs.values() for n in names)
     finally:
         instance.stop()
+
+
+def test_a_stop_with_a_full_queue_still_ends_every_writer(slow_cluster: Cluster) -> None:
+    """A writer pool whose queue is full when it is stopped (writers held up by the client rate
+    limit) once gave up on its stop marks at the first full put: the writers drained the queue and
+    then waited for a job forever, each join running out its own timeout (32 writers, 10 s each)."""
+    from driver.controller.writes.pipeline import WritePool
+
+    pool = WritePool(
+        configuration=slow_cluster.server.configuration(), workers=3, capacity=2, identity="test",
+        fence=threading.Event(), hook=None, on_halt=lambda: None,
+    )  # fmt: skip
+    pool.start()
+    release, never = threading.Event(), threading.Event()
+    for _ in range(3 + 2):  # every writer busy, the queue full
+        assert pool.submit(lambda _writers: release.wait(30), stop=never)
+    stopper = threading.Thread(target=pool.stop, kwargs={"timeout_seconds": 60.0})
+    stopper.start()
+    release.set()
+    stopper.join(60)
+    assert not stopper.is_alive()
+    assert not any(t.is_alive() for t in pool._threads) and pool.pending == 0  # all left, every job ran

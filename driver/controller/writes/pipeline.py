@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -96,14 +97,19 @@ class WritePool:
             return self._pending
 
     def stop(self, timeout_seconds: float) -> None:
+        """One stop mark per writer, after the jobs queued (they are sent first), all within
+        ``timeout_seconds`` in all. A full queue (writers slowed by the client rate limit) takes
+        its marks as it drains; once the time is up, what is left is abandoned with the threads
+        (daemons), never waited for thread by thread."""
+        deadline = time.monotonic() + timeout_seconds
         for _ in self._threads:
             try:
-                self._jobs.put_nowait(None)
+                self._jobs.put(None, timeout=max(0.0, deadline - time.monotonic()))
             except queue.Full:
-                break  # the threads also leave once the fence is set and the queue drains
+                break
         for thread in self._threads:
             if thread.is_alive():
-                thread.join(timeout_seconds)
+                thread.join(max(0.0, deadline - time.monotonic()))
 
     def alive(self) -> bool:
         return all(thread.is_alive() for thread in self._threads)
