@@ -117,15 +117,22 @@ def create_nodes(core: Any, nodes: list[dict[str, Any]], *, workers: int = 8) ->
 
     def create(node: dict[str, Any]) -> int:
         name = node["metadata"]["name"]
+        made = 1
         try:
             core.create_node(node, _preload_content=False)
-            return 1
         except client.ApiException as error:
             if error.status != 409:
                 raise
-        if not is_fleet_node(core.read_node(name).to_dict()):
-            raise FleetError(f"node {name} exists and is not a fleet node (no {FLEET_SELECTOR} label)")
-        return 0
+            if not is_fleet_node(core.read_node(name).to_dict()):
+                raise FleetError(
+                    f"node {name} exists and is not a fleet node (no {FLEET_SELECTOR} label)"
+                ) from None
+            made = 0
+        # Admission (TaintNodesByCondition) gave the new Node node.kubernetes.io/not-ready:NoSchedule;
+        # the node-lifecycle controller that would lift it once kwok reports Ready is off for the
+        # fleet (see the module's docstring), so the fleet's own taints are set here, kwok's alone.
+        core.patch_node(name, {"spec": {"taints": node["spec"]["taints"]}}, _preload_content=False)
+        return made
 
     with ThreadPoolExecutor(workers) as pool:
         return sum(pool.map(create, nodes))

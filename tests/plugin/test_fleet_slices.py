@@ -74,6 +74,23 @@ def test_a_fleet_nodes_slices_are_what_its_agent_publishes(
         ]
 
 
+def test_the_not_ready_taint_admission_gives_a_new_node_is_lifted(
+    kube_configuration: client.Configuration,
+) -> None:
+    """kube-apiserver's TaintNodesByCondition admission taints every new Node not-ready, and the
+    node-lifecycle controller that would lift it is off for the fleet: a pod tolerating kwok's taint
+    alone stayed Pending on a real control plane until the fleet set its taints itself."""
+    node = fleet_node("kwok-00002", PROFILE, cpu="8", memory="64Gi", pods="110")
+    not_ready = {"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}
+    admitted = {**node, "spec": {"taints": [*node["spec"]["taints"], not_ready]}}
+    with client.ApiClient(kube_configuration) as api:
+        core = client.CoreV1Api(api)
+        core.create_node(admitted)
+        assert create_nodes(core, [node]) == 0  # there already, as a fleet node
+        taints = [t.to_dict() for t in core.read_node("kwok-00002").spec.taints]
+        assert [(t["key"], t["effect"]) for t in taints] == [("kwok.x-k8s.io/node", "NoSchedule")]
+
+
 def test_a_real_node_of_the_same_name_is_never_taken_over(kube_configuration: client.Configuration) -> None:
     with client.ApiClient(kube_configuration) as api:
         core = client.CoreV1Api(api)
