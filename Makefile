@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # The image `make image` builds (podman stores it as localhost/$(IMAGE)); the chart and kind use it.
 IMAGE ?= fractional-dra:dev
 
-.PHONY: demo test test-real lint actionlint bench proto go-modules image image-test cluster-up cluster-down e2e kind-up kind-e2e kind-down clean
+.PHONY: demo test test-real lint actionlint bench bench-scale proto go-modules image image-test cluster-up cluster-down e2e kind-up kind-e2e kind-down clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -43,6 +43,15 @@ actionlint:
 
 bench: $(STAMP)
 	$(PY) bench/run_all.py
+
+# Production size on the real control plane (root, Go, an hour and more): bench/production_scale.py
+# on a kwok fleet of SCALE_NODES, then BENCHMARKS.md rewritten with its section (bench/results/scale.json).
+SCALE_NODES ?= 1000
+SCALE_ARGS ?=
+bench-scale: $(STAMP)
+	COMPONENTS=control-plane,kwok hack/upstream-build.sh
+	$(PY) bench/production_scale.py --nodes $(SCALE_NODES) $(SCALE_ARGS)
+	$(PY) bench/run_all.py --report-only
 
 # The kubelet's protos (proto/) and the Kubernetes API types the emulator decodes from protobuf
 # bodies (their definitions read from k8s.io/api and k8s.io/apimachinery in the Go module cache).

@@ -8,7 +8,8 @@ deleted without grace. kube-controller-manager runs without its node-lifecycle c
 kubelet ever reports, so it would taint every Node unreachable after a minute); the bench lifts the
 not-ready taint that admission puts on a new Node itself. Its client limits are raised
 (``--kube-api-qps``), so that the claims it makes from templates, which both paths need alike, are not
-what is measured. kube-scheduler keeps its defaults.
+what is measured. kube-scheduler keeps its defaults, and our controller has the same client limits
+(``--kube-api-qps 50 --kube-api-burst 100``; both raised together in the raised case).
 
 Two paths on the same cluster, one after the other for each case, in alternating order:
 - **kube-scheduler**: ungated pods; it allocates (consumable capacity) and binds;
@@ -26,8 +27,8 @@ Cases:
   GPUs free, and how many 8-GPU pods still fit (Nodes with all 8 free). The same trace (names, sizes,
   departures) for both paths;
 - **backlog, kube-scheduler at 500 qps**: the backlog again, kube-scheduler restarted with its
-  client limits raised from its defaults (50 requests per second, bursts of 100): which of the two
-  limits the path;
+  client limits raised from its defaults (50 requests per second, bursts of 100), and our
+  controller's with them: which of the two limits the path;
 - **allocation guard**: the backlog and the stream of ungated pods once more, kube-scheduler alone
   and kube-scheduler with our controller serving the allocation guard (the chart's webhook
   configuration, pointed at the controller by URL): what the guard costs kube-scheduler's own path;
@@ -427,6 +428,7 @@ class Run:
     binds: Binds
     path: str
     guard: bool = False  # our controller serves the allocation guard; kube-scheduler's writes go through it
+    qps: int = 50  # our controller's client limits (burst twice that): kube-scheduler's in the same case
     controller: subprocess.Popen[bytes] | None = None
     serial: Iterator[int] = field(default_factory=lambda: iter(range(10**9)))
 
@@ -445,7 +447,8 @@ class Run:
                          "--allocation-guard-cert-dir", str(guard_certificate(self.cluster))]  # fmt: skip
             self.controller = subprocess.Popen(
                 [sys.executable, "-m", "driver", "controller", "--kubeconfig", kubeconfig, "--metrics-port",
-                 "0", "--log-level", "warning", *guard],
+                 "0", "--log-level", "warning", "--kube-api-qps", str(self.qps), "--kube-api-burst",
+                 str(2 * self.qps), *guard],
                 cwd=ROOT, stdout=log, stderr=log,
             )  # fmt: skip
         if self.guard:
@@ -872,7 +875,7 @@ def main(argv: list[str]) -> int:
             cluster.restart_scheduler(binaries())
             scheduler = Usage(cluster.processes.get("kube-scheduler").pid)
             for path in PATHS:
-                run = Run(cluster, api, binds, path)
+                run = Run(cluster, api, binds, path, qps=RAISED_QPS)
                 run.start_controller()
                 print(f"== backlog, kube-scheduler at {RAISED_QPS} qps: {path}", flush=True)
                 try:
