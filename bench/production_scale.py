@@ -42,7 +42,8 @@ Cases, per setting and path:
   shares (10Gi/10 %, 20Gi/25 %, 40Gi/50 %, in turn) to 90 %, created in one seeded shuffled order
   as fast as 6 client threads can (the same list for every path). Bound pods per second (average,
   and the 10th/50th/90th percentiles of the per-second counts), create-to-bound p50/p90/p99, the
-  pods left unbound (once 30 s pass with no bind);
+  pods left unbound once all are bound, 30 s pass with no bind, or ``--fill-timeout`` (300 s) has
+  passed since the first create (``stopped_at_s``); those are deleted before the churn;
 - **churn**, on the filled fleet: ``--churn-seconds`` of ``--churn-rate`` departures a second (live
   pods drawn at random), each followed by an arrival of the same shape; create-to-bound of the
   arrivals p50/p99, then the whole GPUs free (no allocation at all) and the nodes with 8 free GPUs;
@@ -81,7 +82,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -282,9 +283,10 @@ def controller_identity(api: client.ApiClient) -> None:
         client.FlowcontrolApiserverV1Api(api).create_flow_schema(schema)
 
 
-def prepare(cluster: Any, nodes: int, *, ours: bool) -> int:
-    """The fleet, the DeviceClasses, the namespace and templates (and our controller's identity
-    where our path runs); returns the fleet's GPUs."""
+def prepare(cluster: Any, nodes: int, *, ours: bool, trace_dir: Path | None = None) -> tuple[list[Any], int]:
+    """The fleet (of ``nodes`` h100-8x, or the trace's cluster), the DeviceClasses, the namespace
+    and templates (and our controller's identity where our path runs); returns the trace's nodes
+    (none for the h100-8x fleet) and the fleet's GPUs."""
     from localcluster.fleet import up_fleet
 
     configuration = load_configuration(str(cluster.state_dir / "bench.kubeconfig"))
@@ -307,9 +309,17 @@ def prepare(cluster: Any, nodes: int, *, ours: bool) -> int:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.2)
+    if trace_dir is not None:
+        return trace_fleet(cluster, trace_dir)
     started = time.monotonic()
     up_fleet(cluster, nodes, profile=PROFILE, cpu=str(NODE_CPU), memory=f"{NODE_MEMORY_GI}Gi",
              pods=str(NODE_PODS), say=lambda line: print(line, flush=True))  # fmt: skip
+    wait_ready(configuration, nodes)
+    print(f"fleet of {nodes} nodes ready in {time.monotonic() - started:.0f} s", flush=True)
+    return [], 8 * nodes
+
+
+def wait_ready(configuration: client.Configuration, nodes: int) -> None:
     with client.ApiClient(configuration) as api:
         core = client.CoreV1Api(api)
         deadline = time.monotonic() + 600
@@ -322,8 +332,6 @@ def prepare(cluster: Any, nodes: int, *, ours: bool) -> int:
             if time.monotonic() > deadline:
                 raise SystemExit(f"only {ready} of {nodes} fleet nodes Ready after 600 s")
             time.sleep(2)
-    print(f"fleet of {nodes} nodes ready in {time.monotonic() - started:.0f} s", flush=True)
-    return 8 * nodes
 
 
 # -------------------------------------------------------------------------------- observing
@@ -550,6 +558,18 @@ class Run:
         with ThreadPoolExecutor(threads) as pool:
             list(pool.map(one, pods))
 
+    def create_bodies(self, bodies: list[dict[str, Any]], threads: int = 6) -> None:
+        """Create ready-made pod bodies, in their order as nearly as ``threads`` clients keep it."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        def one(body: dict[str, Any]) -> None:
+            with self.tracker.lock:
+                self.tracker.created[body["metadata"]["name"]] = time.monotonic()
+            self.core.create_namespaced_pod(NAMESPACE, body, _preload_content=False)  # type: ignore[arg-type]
+
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(one, bodies))
+
     def delete(self, names: list[str]) -> None:
         for name in names:
             try:
@@ -613,18 +633,25 @@ def pod_group_version(api: client.ApiClient) -> str:
 # -------------------------------------------------------------------------------- the cases
 
 
-def case_fill(run: Run, gpus: int) -> tuple[dict[str, Any], list[str]]:
+def case_fill(run: Run, gpus: int, timeout: float) -> tuple[dict[str, Any], list[str]]:
+    """The fill, until every pod is bound, ``timeout`` seconds from the first create, or 30 s
+    without a bind; the pods left unbound then are deleted (no pod departs, so a pod that fits
+    nowhere now never will; a path retrying it would only spend its client's requests on it)."""
     plan = fill_plan(gpus)
     names = [name for name, _ in plan]
     started = time.monotonic()
     run.create(plan)
-    run.tracker.wait(names, 3600)
+    left = run.tracker.wait(names, max(0.0, timeout - (time.monotonic() - started)))
     counts = Counter(shape.name for _, shape in plan)
     row = rate_row(names, run.tracker, started, run.gated)
     row["pods_by_shape"] = ", ".join(
         f"{counts[s]} {s}" for s in (WHOLE8.name, WHOLE1.name, *(x.name for x in SHARES))
     )
-    live = [n for n in names if n in run.tracker.bound]
+    if left and time.monotonic() - started >= timeout:
+        row["stopped_at_s"] = timeout
+    run.delete(left)
+    gone = set(left)
+    live = [n for n in names if n not in gone]
     return row, live
 
 
@@ -706,6 +733,130 @@ def case_gangs(run: Run, gangs: int, size: int, label: str) -> dict[str, Any]:
     return row
 
 
+# -------------------------------------------------------------------------------- the trace
+
+
+def trace_fleet(cluster: Any, trace_dir: Path) -> tuple[list[Any], int]:
+    """The production cluster of the trace as a kwok fleet: one Node per row of the node list (its
+    CPU and memory allocatable, its GPU model labelled), its ResourceSlices from the agent's own
+    publisher for the inventory bench/trace_ours.py maps a trace node to (``gpus`` devices of its
+    model, 1,000 x 256 MiB each). Returns the nodes and their GPUs."""
+    import gomodules
+    from localcluster.cluster import Binaries
+    from localcluster.fleet import create_nodes, fleet_node, kwok_argv, stage_files
+
+    from bench.fgd_trace import load_nodes
+    from bench.trace_ours import trace_inventory
+    from driver.inventory.fake import load_profile, resolve_profile
+    from driver.publisher import SlicePublisher
+
+    nodes = load_nodes(trace_dir / "openb_node_list_gpu_node.csv")
+    configuration = load_configuration(str(cluster.state_dir / "bench.kubeconfig"))
+    bodies = []
+    for node in nodes:
+        body = fleet_node(
+            node.name, "trace", cpu=f"{node.cpu_milli}m", memory=f"{node.memory_mib}Mi", pods="1001"
+        )
+        body["metadata"]["labels"]["gpu-model"] = node.model
+        bodies.append(body)
+    started = time.monotonic()
+    with client.ApiClient(configuration) as api:
+        create_nodes(client.CoreV1Api(api), bodies)
+    template = load_profile(resolve_profile(PROFILE))
+
+    def publish(node: Any) -> int:
+        with SlicePublisher(configuration, node.name) as publisher:
+            return int(
+                publisher.publish(replace(trace_inventory(node, template), node_name=node.name)).slice_count
+            )
+
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(8) as pool:
+        slices = sum(pool.map(publish, nodes))
+    cluster.processes.start(
+        "kwok", kwok_argv(Binaries.kwok(), cluster.kubeconfig, stage_files(gomodules.kwok_dir()))
+    )
+    wait_ready(configuration, len(nodes))
+    took = time.monotonic() - started
+    print(f"trace fleet: {len(nodes)} nodes, {slices} ResourceSlices, ready in {took:.0f} s", flush=True)
+    return nodes, sum(node.gpus for node in nodes)
+
+
+def trace_templates(pods: list[Any]) -> dict[tuple[int, int, tuple[str, ...]], str]:
+    """One ResourceClaimTemplate name per distinct GPU ask (count, milli, models) of the trace."""
+    asks = sorted({(p.num_gpu, p.gpu_milli, p.gpu_spec) for p in pods if p.num_gpu})
+    return {ask: f"trace-{index:03d}" for index, ask in enumerate(asks)}
+
+
+def trace_pod_body(pod: Any, template: str | None, *, gated: bool) -> dict[str, Any]:
+    from bench.trace_ours import _containers
+
+    spec: dict[str, Any] = {
+        "terminationGracePeriodSeconds": 0,
+        "tolerations": [{"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}],
+        "containers": _containers(pod, claim=template is not None),
+    }
+    if template is not None:
+        spec["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": template}]
+        if gated:  # the default install gates pods with claims only
+            spec["schedulingGates"] = [{"name": GATE}]
+    name = pod.name.lower().replace("_", "-")
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": spec,
+    }
+
+
+def case_trace(run: Run, trace_dir: Path, gpus: int, nodes: list[Any], seed: int) -> dict[str, Any]:
+    """The trace's pods (seed ``seed``: shuffled, copied until the arrived GPU demand is 130 % of
+    the cluster) created in their order up to 100 % of the cluster's GPUs, then settled (every pod
+    bound, or 30 s without a bind: no pod departs, so one that did not fit then never will), the
+    share of GPU capacity allocated measured (the bound pods' GPU milli over the cluster's); then the
+    rest up to 130 %, settled and measured again."""
+    from bench.fgd_trace import GPU_MILLI, build_run, load_pods
+    from bench.trace_ours import _claim_spec
+
+    pods = load_pods(trace_dir / "openb_pod_list_default.csv")
+    order = build_run(nodes, pods, seed, inflate=1.3).pods
+    templates = trace_templates(order)
+    for ask, name in templates.items():
+        example = next(p for p in order if (p.num_gpu, p.gpu_milli, p.gpu_spec) == ask)
+        try:
+            body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+                    "metadata": {"name": name, "namespace": NAMESPACE},
+                    "spec": {"spec": _claim_spec(example)}}  # fmt: skip
+            run.resource.create_namespaced_resource_claim_template(NAMESPACE, body)
+        except client.ApiException as error:
+            if error.status != 409:
+                raise
+    capacity = GPU_MILLI * gpus
+    arrived, cut = 0, len(order)
+    for index, pod in enumerate(order):
+        arrived += pod.demand
+        if arrived >= capacity:
+            cut = index + 1
+            break
+    bodies = [
+        trace_pod_body(p, templates.get((p.num_gpu, p.gpu_milli, p.gpu_spec)), gated=run.gated) for p in order
+    ]
+    demand = {body["metadata"]["name"]: pod.demand for body, pod in zip(bodies, order, strict=True)}
+    row: dict[str, Any] = {"pods": len(order), "gpu_pods": sum(1 for p in order if p.num_gpu), "seed": seed}
+    started = time.monotonic()
+    for label, part in (("100", bodies[:cut]), ("130", bodies[cut:])):
+        run.create_bodies(part)
+        names = [b["metadata"]["name"] for b in part]
+        run.tracker.wait(names, 3600, stall=30)
+        with run.tracker.lock:
+            allocated = sum(d for name, d in demand.items() if name in run.tracker.bound)
+        row[f"allocated_pct_{label}"] = 100 * allocated / capacity
+    names = list(demand)
+    row.update({k: v for k, v in rate_row(names, run.tracker, started, run.gated).items() if k != "pods"})
+    return row
+
+
 # -------------------------------------------------------------------------------- the run
 
 
@@ -758,7 +909,7 @@ class Cost:
 
 def run_path(
     cluster: Any, configuration: client.Configuration, tracker: Tracker, path: str, setting: str,
-    gpus: int, args: argparse.Namespace, nodes: int,
+    gpus: int, args: argparse.Namespace, nodes: int, trace_nodes: list[Any],
 ) -> list[dict[str, Any]]:  # fmt: skip
     qps, burst = SETTINGS[setting]
     config = scheduler_config(STATE_DIR, cluster.state_dir / "scheduler.kubeconfig", qps, burst,
@@ -781,9 +932,14 @@ def run_path(
                 rows.append({**base, "case": case, **row, **spent})
                 print(json.dumps(rows[-1]), flush=True)
 
+        if trace_nodes:  # the trace's cluster: the trace case alone
+            cost = Cost(cluster, run)
+            measured("trace", case_trace(run, args.trace_dir, gpus, trace_nodes, args.seed), cost)
+            run.clean()
+            return rows
         if "fill" in args.cases or "churn" in args.cases:
             cost = Cost(cluster, run)
-            fill, live = case_fill(run, gpus)
+            fill, live = case_fill(run, gpus, args.fill_timeout)
             measured("fill", fill, cost)
             if "churn" in args.cases:
                 cost = Cost(cluster, run)
@@ -811,6 +967,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--settings", default=",".join(SETTINGS))
     parser.add_argument("--paths", default=",".join(PATHS))
     parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--fill-timeout", type=float, default=300.0, help="seconds the fill may take at most")
     parser.add_argument("--churn-seconds", type=float, default=60.0)
     parser.add_argument("--churn-rate", type=float, default=5.0, help="departures (and arrivals) per second")
     parser.add_argument("--steady-pods", type=int, default=50)
@@ -818,6 +975,15 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--small-gangs", type=int, default=1000)
     parser.add_argument("--large-gangs", type=int, default=3)
     parser.add_argument("--large-gang-size", type=int, default=1000)
+    parser.add_argument(
+        "--trace-dir",
+        type=Path,
+        default=None,
+        help="Alibaba's cluster-trace-gpu-v2023 CSVs: the trace case on its own 1,213-node cluster",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=42, help="the trace run's seed (bench/fgd_trace.py build_run)"
+    )
     args = parser.parse_args(argv)
     args.cases = set(filter(None, args.cases.split(",")))
     settings = [s for s in args.settings.split(",") if s]
@@ -833,7 +999,9 @@ def main(argv: list[str]) -> int:
     cluster = start_cluster()
     rows: list[dict[str, Any]] = []
     try:
-        gpus = prepare(cluster, args.nodes, ours="ours" in paths)
+        trace_nodes, gpus = prepare(cluster, args.nodes, ours="ours" in paths, trace_dir=args.trace_dir)
+        if trace_nodes:
+            args.nodes = len(trace_nodes)
         configuration = load_configuration(str(cluster.state_dir / "bench.kubeconfig"))
         configuration.connection_pool_maxsize = 16
         tracker = Tracker(client.ApiClient(configuration))
@@ -842,7 +1010,9 @@ def main(argv: list[str]) -> int:
             order = paths if index % 2 == 0 else list(reversed(paths))
             for path in order:
                 print(f"== {args.nodes} nodes, {setting}: {path}", flush=True)
-                rows += run_path(cluster, configuration, tracker, path, setting, gpus, args, args.nodes)
+                rows += run_path(
+                    cluster, configuration, tracker, path, setting, gpus, args, args.nodes, trace_nodes
+                )
         tracker.stop.set()
     finally:
         kept = Path("/tmp") / f"{STATE_DIR.name}-logs"

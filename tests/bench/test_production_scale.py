@@ -1,0 +1,97 @@
+"""bench/production_scale.py's pure pieces: the fill's pod list, the pods' shapes against the fleet's
+nodes, the scheduler profiles it configures, the trace's templates, and the ratios it reports."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from bench.fgd_trace import TracePod
+from bench.production_scale import (
+    NODE_CPU,
+    NODE_MEMORY_GI,
+    SHAPES,
+    WHOLE8,
+    fill_plan,
+    pod_body,
+    ratios,
+    scheduler_config,
+    trace_pod_body,
+    trace_templates,
+)
+
+
+@pytest.mark.parametrize("gpus", [160, 8000, 40000])
+def test_the_fill_asks_for_90_percent_of_the_gpus_in_one_seeded_order(gpus: int) -> None:
+    plan = fill_plan(gpus)
+    asked = sum(shape.gpu_fraction for _, shape in plan)
+    assert 0.89 * gpus <= asked <= 0.90 * gpus
+    whole8 = sum(8 for _, shape in plan if shape is WHOLE8)
+    assert whole8 == 8 * int(0.80 * gpus / 8)
+    assert plan == fill_plan(gpus)  # the same list for every path
+    assert [shape for _, shape in plan] != sorted((s for _, s in plan), key=lambda s: -s.gpu_fraction)
+    assert len({name for name, _ in plan}) == len(plan)
+
+
+def test_a_full_node_of_any_shape_fits_its_cpu_and_memory() -> None:
+    """Eight GPUs' worth of any shape fits a fleet node's CPU and memory: the GPUs, not the CPU,
+    are what fills a node, for kube-scheduler's MostAllocated profile as for ours."""
+    for shape in SHAPES.values():
+        per_node = 8 / shape.gpu_fraction
+        assert per_node * shape.cpu_milli <= 1000 * NODE_CPU
+        assert per_node * shape.memory_mi <= 1024 * NODE_MEMORY_GI
+
+
+def test_pods_are_gated_only_on_our_path_and_tolerate_kwok() -> None:
+    ours = pod_body("p", WHOLE8, gated=True, group="g")
+    theirs = pod_body("p", WHOLE8, gated=False)
+    assert ours["spec"]["schedulingGates"] == [{"name": "fractional.dev/allocation"}]
+    assert ours["spec"]["schedulingGroup"] == {"podGroupName": "g"}
+    assert "schedulingGates" not in theirs["spec"]
+    assert theirs["spec"]["tolerations"][0]["key"] == "kwok.x-k8s.io/node"
+    requests = theirs["spec"]["containers"][0]["resources"]["requests"]
+    assert requests == {"cpu": f"{8 * 24 * 1000}m", "memory": f"{8 * 200 * 1024}Mi"}
+
+
+def test_the_scheduler_profiles_carry_the_client_limits(tmp_path: Path) -> None:
+    plain = yaml.safe_load(scheduler_config(tmp_path, tmp_path / "k", 50, 100, packing=False).read_text())
+    packing = yaml.safe_load(scheduler_config(tmp_path, tmp_path / "k", 500, 1000, packing=True).read_text())
+    assert plain["clientConnection"] == {"kubeconfig": str(tmp_path / "k"), "qps": 50, "burst": 100}
+    assert "pluginConfig" not in plain["profiles"][0]
+    assert packing["clientConnection"]["qps"] == 500
+    (fit,) = packing["profiles"][0]["pluginConfig"]
+    assert fit["name"] == "NodeResourcesFit"
+    assert fit["args"]["scoringStrategy"]["type"] == "MostAllocated"
+
+
+def test_the_trace_gates_only_its_gpu_pods_and_shares_templates() -> None:
+    pods = [
+        TracePod("openb-pod-0001", 4000, 8192, 1, 500, ("T4",)),
+        TracePod("openb-pod-0002", 4000, 8192, 1, 500, ("T4",)),
+        TracePod("openb-pod-0003", 2000, 4096, 0, 0, ()),
+        TracePod("openb-pod-0004-tuned-0", 8000, 8192, 8, 1000, ()),
+    ]
+    templates = trace_templates(pods)
+    assert len(templates) == 2  # one per distinct ask
+    gpu = trace_pod_body(pods[0], templates[(1, 500, ("T4",))], gated=True)
+    cpu_only = trace_pod_body(pods[2], None, gated=True)
+    assert gpu["spec"]["schedulingGates"] and gpu["spec"]["resourceClaims"][0]["resourceClaimTemplateName"]
+    assert "schedulingGates" not in cpu_only["spec"] and "resourceClaims" not in cpu_only["spec"]
+
+
+def test_the_ratios_compare_ours_with_the_better_kube_scheduler_profile() -> None:
+    base = {"nodes": 1000, "setting": "raised"}
+    rows = [
+        {**base, "case": "fill", "path": "kube-scheduler", "pods_per_s": 10.0},
+        {**base, "case": "fill", "path": "kube-scheduler-mostallocated", "pods_per_s": 20.0},
+        {**base, "case": "fill", "path": "ours", "pods_per_s": 30.0},
+        {**base, "case": "churn", "path": "kube-scheduler", "gpus_free": 50, "p99_s": 2.0},
+        {**base, "case": "churn", "path": "kube-scheduler-mostallocated", "gpus_free": 100, "p99_s": 1.0},
+        {**base, "case": "churn", "path": "ours", "gpus_free": 150, "p99_s": 1.5},
+    ]
+    text = ratios(rows)
+    assert "fill throughput 1.50x (kube-scheduler-mostallocated)" in text
+    assert "whole GPUs free after churn 1.50x (150 against 100" in text
+    assert "churn p99 1.50 s against 1.00 s (1.50x" in text
