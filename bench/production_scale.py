@@ -46,7 +46,9 @@ Cases, per setting and path:
   passed since the first create (``stopped_at_s``); those are deleted before the churn;
 - **churn**, on the filled fleet: ``--churn-seconds`` of ``--churn-rate`` departures a second (live
   pods drawn at random), each followed by an arrival of the same shape; create-to-bound of the
-  arrivals p50/p99, then the whole GPUs free (no allocation at all) and the nodes with 8 free GPUs;
+  arrivals p50/p99, then the whole GPUs free (no allocation at all), the nodes with 8 free GPUs, the
+  GPUs' worth allocated, and ``whole_free_share``: of the capacity left, the share in whole GPUs
+  (the paths bind different numbers of pods in the fill: raw counts of free GPUs do not compare);
 - **steady**, from empty: 8-GPU pods to 0 %, 50 % and 99 % of the GPUs, and at each level a stream
   of ``--steady-pods`` 12Gi/15 % shares, ``--steady-interval`` apart (a few in flight):
   create-to-bound p50/p99 per level;
@@ -96,6 +98,7 @@ import yaml
 from kubernetes import client
 
 from bench._common import RESULTS_DIR, commit, machine, percentile, write_result
+from driver.allocator.quantity import parse_quantity
 from driver.kube import load_configuration
 from driver.slices import build_device_classes
 
@@ -620,13 +623,20 @@ class Run:
                 gpus |= {(resource_slice.spec.pool.name, d.name) for d in resource_slice.spec.devices or ()
                          if d.name.startswith("gpu-")}  # fmt: skip
         touched: set[tuple[str, str]] = set()
+        allocated = 0.0  # GPUs' worth allocated: a share counts its memory's fraction, a whole GPU 1
         for claim in self.resource.list_namespaced_resource_claim(NAMESPACE).items:
             allocation = claim.status.allocation if claim.status else None
             for result in (allocation.devices.results if allocation and allocation.devices else None) or ():
                 touched.add((result.pool, result.device))
+                memory = (result.consumed_capacity or {}).get("memory")
+                allocated += parse_quantity(memory) / (GPU_MEMORY_GI * 2**30) if memory else 1.0
         free = gpus - touched
         per_node = Counter(pool for pool, _ in free)
-        return {"gpus_free": len(free), "free_8gpu_nodes": sum(1 for n in per_node.values() if n >= 8)}
+        return {"gpus_free": len(free), "free_8gpu_nodes": sum(1 for n in per_node.values() if n >= 8),
+                "gpus_allocated": round(allocated, 1),
+                # of the capacity left, the share in whole GPUs (1: nothing stranded in partly used
+                # GPUs): comparable between paths that bound different numbers of pods
+                "whole_free_share": len(free) / max(len(gpus) - allocated, 1e-9)}  # fmt: skip
 
 
 def pod_group_version(api: client.ApiClient) -> str:
@@ -1073,10 +1083,12 @@ def ratios(rows: list[dict[str, Any]]) -> str:
             parts.append(f"fill throughput {ours['pods_per_s'] / best['pods_per_s']:.2f}x ({best['path']})")
         ours = pick("churn", "ours")
         theirs = [pick("churn", p) for p in PATHS[:2]]
-        best = max((t for t in theirs if "gpus_free" in t), key=lambda t: t["gpus_free"], default={})
-        if ours and best and best.get("gpus_free"):
-            parts.append(f"whole GPUs free after churn {ours['gpus_free'] / best['gpus_free']:.2f}x "
-                         f"({ours['gpus_free']} against {best['gpus_free']}, {best['path']})")  # fmt: skip
+        measure = "whole_free_share" if "whole_free_share" in ours else "gpus_free"  # older rows: raw
+        best = max((t for t in theirs if measure in t), key=lambda t: t[measure], default={})
+        if ours and best and best.get(measure):
+            ratio = ours[measure] / best[measure]
+            counts = f"{ours['gpus_free']} against {best['gpus_free']} GPUs, {best['path']}"
+            parts.append(f"whole GPUs free after churn ({measure}) {ratio:.2f}x ({counts})")
         fastest = min((t for t in theirs if t.get("p99_s")), key=lambda t: t["p99_s"], default={})
         if ours.get("p99_s") and fastest:
             parts.append(f"churn p99 {ours['p99_s']:.2f} s against {fastest['p99_s']:.2f} s "

@@ -87,11 +87,26 @@ def test_the_ratios_compare_ours_with_the_better_kube_scheduler_profile() -> Non
         {**base, "case": "fill", "path": "kube-scheduler", "pods_per_s": 10.0},
         {**base, "case": "fill", "path": "kube-scheduler-mostallocated", "pods_per_s": 20.0},
         {**base, "case": "fill", "path": "ours", "pods_per_s": 30.0},
-        {**base, "case": "churn", "path": "kube-scheduler", "gpus_free": 50, "p99_s": 2.0},
-        {**base, "case": "churn", "path": "kube-scheduler-mostallocated", "gpus_free": 100, "p99_s": 1.0},
-        {**base, "case": "churn", "path": "ours", "gpus_free": 150, "p99_s": 1.5},
+        # kube-scheduler bound fewer pods: more GPUs free, but less of what is left is whole
+        {
+            **base,
+            "case": "churn",
+            "path": "kube-scheduler",
+            "gpus_free": 500,
+            "whole_free_share": 0.5,
+            "p99_s": 2.0,
+        },
+        {
+            **base,
+            "case": "churn",
+            "path": "kube-scheduler-mostallocated",
+            "gpus_free": 100,
+            "whole_free_share": 0.6,
+            "p99_s": 1.0,
+        },
+        {**base, "case": "churn", "path": "ours", "gpus_free": 150, "whole_free_share": 0.9, "p99_s": 1.5},
     ]
     text = ratios(rows)
     assert "fill throughput 1.50x (kube-scheduler-mostallocated)" in text
-    assert "whole GPUs free after churn 1.50x (150 against 100" in text
+    assert "whole GPUs free after churn (whole_free_share) 1.50x (150 against 100 GPUs" in text
     assert "churn p99 1.50 s against 1.00 s (1.50x" in text
