@@ -531,10 +531,15 @@ def test_controller_claim_writes(cluster: Cluster, case: str) -> None:
         stored, change, subresource = cases.CLAIM_ALLOWED[case]
     else:
         stored, change, subresource, fragment = cases.CLAIM_FORBIDDEN[case]
-    try:
-        _, answer = _claim_write(cluster, cluster.controller, case, stored(), change, subresource)
-    finally:
-        _forget_claim(cluster, _slug(case))
+    for _attempt in range(3):
+        # A claim reserved for a pod that does not exist races kube-controller-manager, which drops
+        # such reservations: its write between ours makes ours a 409. Made again, it is raced anew.
+        try:
+            _, answer = _claim_write(cluster, cluster.controller, case, stored(), change, subresource)
+        finally:
+            _forget_claim(cluster, _slug(case))
+        if answer.status != 409:
+            break
     if allowed:
         assert answer.status == 200, answer
     elif case in CLAIM_REFUSED_FIRST and not (CLAIM_REFUSED_FIRST[case] == GRANULAR and _minor(cluster) < 36):
