@@ -98,6 +98,7 @@ import yaml
 from kubernetes import client
 
 from bench._common import RESULTS_DIR, commit, machine, percentile, write_result
+from bench.bench_real import Usage
 from driver.allocator.quantity import parse_quantity
 from driver.kube import load_configuration
 from driver.slices import build_device_classes
@@ -434,18 +435,6 @@ class Tracker:
     def bind_times(self, names: list[str]) -> list[float]:
         with self.lock:
             return sorted(self.bound[n] for n in names if n in self.bound)
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text(encoding="utf-8").rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def peak_rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text(encoding="utf-8").splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def audit_requests(start: int) -> Counter[str]:
@@ -905,7 +894,7 @@ class Cost:
         return pids
 
     def _cpu(self) -> dict[str, float]:
-        return {name: cpu_seconds(pid) for name, pid in self._pids().items()}
+        return {name: Usage(pid).cpu_seconds() for name, pid in self._pids().items()}
 
     def row(self) -> dict[str, Any]:
         with self.run.tracker.lock:
@@ -924,7 +913,7 @@ class Cost:
             **{f"cpu_s_per_1000_{name}": value for name, value in per_1000.items()},
         }
         if self.run.controller is not None:
-            row["rss_mib"] = peak_rss_mib(self.run.controller.pid)
+            row["rss_mib"] = Usage(self.run.controller.pid).memory_mib()
         return row
 
 
@@ -943,7 +932,7 @@ def run_path(
     startup = run.start_controller()
     try:
         if path == "ours":
-            rss = peak_rss_mib(run.controller.pid) if run.controller else float("nan")
+            rss = Usage(run.controller.pid).memory_mib() if run.controller else float("nan")
             rows.append({**base, "case": "startup", "startup_s": startup, "rss_mib": rss})
             print(json.dumps(rows[-1]), flush=True)
 
