@@ -331,6 +331,14 @@ def _build_parser() -> argparse.ArgumentParser:
         help="their provisioningClassName",
     )
     p.add_argument(
+        "--provisioning-retry-seconds", type=float, default=_env_float("--provisioning-retry-seconds", 30.0),
+        help="after a gang's request ended (Failed, BookingExpired): ask again this long after, doubling",
+    )  # fmt: skip
+    p.add_argument(
+        "--provisioning-max-retry-seconds", type=float,
+        default=_env_float("--provisioning-max-retry-seconds", 600.0), help="the longest of those waits",
+    )  # fmt: skip
+    p.add_argument(
         "--kueue-admission-check", action="store_true", default=_env_bool("--kueue-admission-check"),
         help="answer Kueue AdmissionChecks whose controllerName is fractional.dev/placement",
     )  # fmt: skip
@@ -560,6 +568,8 @@ def build_controller_config(args: argparse.Namespace) -> ControllerConfig:
         metrics_host=args.metrics_host,
         provisioning_requests=args.provisioning_requests,
         provisioning_class=args.provisioning_class,
+        provisioning_retry_seconds=args.provisioning_retry_seconds,
+        provisioning_max_retry_seconds=args.provisioning_max_retry_seconds,
         kueue_admission_check=args.kueue_admission_check,
         hint_profiles=tuple(args.hint_profile or _env_list("--hint-profile")),
         topology_label=args.topology_label,

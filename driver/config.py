@@ -173,6 +173,8 @@ class ControllerConfig:
     metrics_host: str = "0.0.0.0"
     provisioning_requests: bool = False
     provisioning_class: str = "best-effort-atomic-scale-up.autoscaling.x-k8s.io"
+    provisioning_retry_seconds: float = 30.0  # after a gang's request ended; doubling
+    provisioning_max_retry_seconds: float = 600.0
     kueue_admission_check: bool = False  # serve the Kueue AdmissionCheck fractional.dev/placement
     hint_profiles: tuple[str, ...] = ()  # profile files/names for scale-up hints; empty = all shipped
     topology_label: str = "topology.kubernetes.io/zone"

@@ -111,6 +111,14 @@ class ControllerMetrics:
             ["outcome"],
             registry=r,
         )
+        self.provisioning_requests = Counter(
+            "fractional_controller_provisioning_requests",
+            "ProvisioningRequests for gangs that did not fit, by event (created; ended: cluster-autoscaler "
+            "wrote Failed, BookingExpired or CapacityRevoked, and we deleted it; placed: the gang was placed "
+            "and we deleted it).",
+            ["event"],
+            registry=r,
+        )
         self.preemption_victims = Counter(
             "fractional_controller_preemption_victims",
             "Lower-priority pods evicted to make room for a gang.",

@@ -304,9 +304,10 @@ PROVISIONING_REQUESTS: tuple[Grant, ...] = (
         "cluster",
         "autoscaling.x-k8s.io",
         "provisioningrequests",
-        ("create",),
-        "--provisioning-requests: one ProvisioningRequest per unschedulable gang; an existing one "
-        "(409) stands, its spec is immutable (driver/controller/writes/events.py)",
+        ("create", "delete", "list", "watch"),
+        "--provisioning-requests: the requests of unschedulable gangs (an existing one, 409, stands: "
+        "its spec is immutable), watched for the conditions cluster-autoscaler writes, deleted when one "
+        "ended or the gang was placed (driver/controller/loop/provisioning.py)",
         CONTROLLER_CODE,
     ),
     Grant(
@@ -314,9 +315,9 @@ PROVISIONING_REQUESTS: tuple[Grant, ...] = (
         "cluster",
         "",
         "podtemplates",
-        ("create",),
-        "the ProvisioningRequest's podSets reference PodTemplates made from the gang's pods "
-        "(driver/controller/writes/events.py)",
+        ("create", "delete"),
+        "the requests' podSets reference PodTemplates made from the gang's pods, deleted with their "
+        "request (driver/controller/writes/events.py)",
         CONTROLLER_CODE,
     ),
 )

@@ -21,9 +21,16 @@ from admission_support import Decision, admission_request, apply_merge_patch, ev
 from chart_support import KUBE_VERSIONS, NAMESPACE, RELEASE, render_chart, validate_strict
 from kubernetes import client
 
-from driver.controller.model.objects import FINALIZER, GATE, HINT_ANNOTATION, pod_consumer
+from driver.controller.model.objects import (
+    FINALIZER,
+    GATE,
+    HINT_ANNOTATION,
+    PROVISIONING_ANNOTATION,
+    PROVISIONING_CLASS_ANNOTATION,
+    PROVISIONING_OURS_ANNOTATION,
+    pod_consumer,
+)
 from driver.controller.writes import writer as writer_module
-from driver.controller.writes.events import PROVISIONING_ANNOTATION, PROVISIONING_CLASS_ANNOTATION
 from driver.controller.writes.writer import ApiWriter
 from driver.plugin.status import merge_device_statuses, without_driver_statuses
 
@@ -106,7 +113,8 @@ def test_every_policy_validates_strictly(rendered: dict[str, Obj], version: str)
 
 def test_the_policies_name_what_the_code_writes(rendered: dict[str, Obj]) -> None:
     pods = json.dumps(_policy(rendered, "-controller-pods"))
-    for name in (GATE, HINT_ANNOTATION, PROVISIONING_ANNOTATION, PROVISIONING_CLASS_ANNOTATION):
+    names = (PROVISIONING_ANNOTATION, PROVISIONING_CLASS_ANNOTATION, PROVISIONING_OURS_ANNOTATION)
+    for name in (GATE, HINT_ANNOTATION, *names):
         assert name in pods
     assert FINALIZER in json.dumps(_policy(rendered, "-controller-claims"))
 
@@ -458,6 +466,7 @@ def test_the_controllers_own_writes_pass(
             HINT_ANNOTATION: '{"nodes":1}',
             PROVISIONING_ANNOTATION: "pr-1",
             PROVISIONING_CLASS_ANNOTATION: "best-effort",
+            PROVISIONING_OURS_ANNOTATION: "pr-1",
         },
     )
     hinted = record("annotate", pods, pod)
@@ -570,7 +579,11 @@ POD_ALLOWED: dict[str, tuple[Callable[[], Obj], Callable[[Obj], None]]] = {
     "add the provisioning annotations": (
         gated_pod,
         lambda pod: pod["metadata"]["annotations"].update(
-            {PROVISIONING_ANNOTATION: "pr-1", PROVISIONING_CLASS_ANNOTATION: "best-effort"}
+            {
+                PROVISIONING_ANNOTATION: "pr-1",
+                PROVISIONING_CLASS_ANNOTATION: "best-effort",
+                PROVISIONING_OURS_ANNOTATION: "pr-1",
+            }
         ),
     ),
     "nothing (a repeated write)": (gated_pod, lambda pod: None),

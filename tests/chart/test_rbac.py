@@ -158,6 +158,7 @@ CUSTOM_PLURALS = {
 # API): file -> the (group, plural) pairs it may list and watch.
 DISCOVERED_CUSTOM = {
     "driver/controller/view/watch.py": (
+        ("autoscaling.x-k8s.io", "provisioningrequests"),
         ("scheduling.k8s.io", "workloads"),
         ("scheduling.k8s.io", "podgroups"),
         ("scheduling.x-k8s.io", "podgroups"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import urllib.request
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from kubernetes import client
@@ -69,7 +70,25 @@ def _podtemplates_served(cluster: Cluster) -> bool:
     return True
 
 
-def test_provisioning_request_for_an_unfit_gang(
+PROVISIONING = ("autoscaling.x-k8s.io", "v1", "default", "provisioningrequests")
+CONSUME = "autoscaling.x-k8s.io/consume-provisioning-request"
+
+
+def _requests(custom: client.CustomObjectsApi) -> list[dict[str, Any]]:
+    return list(custom.list_namespaced_custom_object(*PROVISIONING)["items"])
+
+
+def _answer(custom: client.CustomObjectsApi, name: str, *conditions: tuple[str, str, str]) -> None:
+    """Write conditions as cluster-autoscaler 1.36 does (its status, metav1.Condition)."""
+    stamp = "2026-12-06T08:00:00Z"
+    body = {"status": {"conditions": [
+        {"type": t, "status": v, "reason": r, "message": f"{t} {r}", "lastTransitionTime": stamp}
+        for t, v, r in conditions
+    ]}}  # fmt: skip
+    custom.patch_namespaced_custom_object_status(*PROVISIONING[:3], PROVISIONING[3], name, body)
+
+
+def test_provisioning_requests_for_an_unfit_gang_through_their_life(
     cluster: Cluster, controller: Callable[..., RunningController]
 ) -> None:
     if not _podtemplates_served(cluster):
@@ -78,34 +97,76 @@ def test_provisioning_request_for_an_unfit_gang(
     for i in range(3):
         cluster.create_claim(gpu_claim(f"pr-{i}", memory="16Gi", compute=None))
         cluster.create_pod(gated_pod(f"pr-{i}", [f"pr-{i}"], gang="pr", size=3))
-    controller(provisioning_requests=True, hint_profiles=("l4-2x",))
+    controller(provisioning_requests=True, hint_profiles=("l4-2x",), provisioning_retry_seconds=0.5)
     custom = client.CustomObjectsApi(cluster.api_client)
 
-    def requests() -> list[dict[str, object]]:
-        body = custom.list_namespaced_custom_object(
-            "autoscaling.x-k8s.io", "v1", "default", "provisioningrequests"
-        )
-        return list(body["items"])
-
-    (request,) = wait_for(requests, what="ProvisioningRequest")
+    (request,) = wait_for(lambda: _requests(custom), what="ProvisioningRequest")
+    name = request["metadata"]["name"]
+    assert name.endswith("-a0-p0")
     spec = request["spec"]
     assert spec["provisioningClassName"] == "best-effort-atomic-scale-up.autoscaling.x-k8s.io"
-    (pod_set,) = spec["podSets"]  # three pods of one shape
-    assert pod_set["count"] == 3
-    template = cluster.core.read_namespaced_pod_template(pod_set["podTemplateRef"]["name"], "default")
-    assert template.template.spec.resource_claims[0].resource_claim_name == "pr-0"
-    # The request is created first, then the pods are annotated: wait for the annotation.
-    annotations = wait_for(
-        lambda: (
-            (a := cluster.pod("pr-1")["metadata"].get("annotations") or {}).get(
-                "cluster-autoscaler.kubernetes.io/consume-provisioning-request"
-            )
-            and a
-        ),
-        what="the consume-provisioning-request annotation",
-    )
-    assert (
-        annotations["cluster-autoscaler.kubernetes.io/consume-provisioning-request"]
-        == request["metadata"]["name"]
-    )
+    # One podSet per pod, each naming that pod's own claim: cluster-autoscaler simulates three
+    # claims, not one shared three times.
+    assert [s["count"] for s in spec["podSets"]] == [1, 1, 1]
+    named = set()
+    for pod_set in spec["podSets"]:
+        template = cluster.core.read_namespaced_pod_template(pod_set["podTemplateRef"]["name"], "default")
+        (entry,) = template.template.spec.resource_claims
+        named.add(entry.resource_claim_name)
+    assert named == {"pr-0", "pr-1", "pr-2"}
+
+    def annotated(request_name: str) -> bool:
+        return all(
+            (cluster.pod(f"pr-{i}")["metadata"].get("annotations") or {}).get(CONSUME) == request_name
+            for i in range(3)
+        )
+
+    def _said(text: str) -> bool:
+        return any(text in (e.get("message") or "") for e in cluster.events())
+
+    wait_for(lambda: annotated(name), what="the consume-provisioning-request annotations")
+    annotations = cluster.pod("pr-1")["metadata"]["annotations"]
+    assert annotations["fractional.dev/provisioning-request"] == name
     assert json.loads(annotations["fractional.dev/scale-up-hint"]) == {"profile": "l4-2x", "nodes": 1}
+    wait_for(
+        lambda: any(
+            "asked cluster-autoscaler for nodes" in (e.get("message") or "") for e in cluster.events()
+        ),
+        what="the Event naming the request",
+    )
+
+    # Accepted, not provisioned yet (it retries that itself): no second request.
+    _answer(custom, name, ("Accepted", "True", "Accepted"), ("Provisioned", "False", "CapacityIsNotFound"))
+    _answer(custom, name, ("Accepted", "True", "Accepted"), ("Provisioned", "True", "CapacityIsProvisioned"))
+    wait_for(lambda: _said("CapacityIsProvisioned"), what="the Event saying the nodes are coming")
+    assert [r["metadata"]["name"] for r in _requests(custom)] == [name]
+
+    # The booking expired before the gang was placed: retired with its templates, asked again.
+    _answer(
+        custom, name, ("Accepted", "True", "Accepted"), ("Provisioned", "True", "CapacityIsProvisioned"),
+        ("BookingExpired", "True", "CapacityReservationTimeExpired"),
+    )  # fmt: skip
+    (again,) = wait_for(
+        lambda: [r for r in _requests(custom) if r["metadata"]["name"] != name], what="the second attempt"
+    )
+    second = again["metadata"]["name"]
+    assert second.endswith("-a1-p0")
+    assert [r["metadata"]["name"] for r in _requests(custom)] == [second]
+    templates = {t.metadata.name for t in cluster.core.list_namespaced_pod_template("default").items}
+    assert not any(t.startswith(name) for t in templates)
+    wait_for(lambda: annotated(second), what="the pods naming the second attempt")
+
+    # Failed is final for cluster-autoscaler: retired, asked again after a longer wait.
+    _answer(custom, second, ("Accepted", "True", "Accepted"), ("Failed", "True", "FailedToCreatePods"))
+    (third,) = wait_for(
+        lambda: [r for r in _requests(custom) if r["metadata"]["name"].endswith("-a2-p0")], what="the third"
+    )
+
+    # The nodes came: the gang is placed and its request deleted.
+    cluster.add_node("node-b", "l4-2x")
+    wait_for(lambda: all(cluster.ungated(f"pr-{i}") for i in range(3)), what="the gang placed")
+    wait_for(lambda: not _requests(custom), what="the request deleted once the gang was placed")
+    wait_for(
+        lambda: not cluster.core.list_namespaced_pod_template("default").items, what="its templates deleted"
+    )
+    assert third["metadata"]["name"].endswith("-a2-p0")

@@ -23,7 +23,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from driver.allocator import AllocationError, ClusterState
-from driver.controller.model.objects import GANG_SIZE_ANNOTATION, GATE, allocation_node, quantity
+from driver.controller.model.objects import (
+    GANG_SIZE_ANNOTATION,
+    GATE,
+    PROVISIONING_ANNOTATION,
+    PROVISIONING_OURS_ANNOTATION,
+    allocation_node,
+    quantity,
+)
 from driver.controller.sizing.hints import NodeShape, compute_hint, existing_node_shapes
 
 __all__ = [
@@ -53,10 +60,10 @@ RESERVATION_ANNOTATION = "fractional.dev/reservation"  # "<namespace>/<workload 
 POD_SET_ANNOTATION = "fractional.dev/pod-set"
 KUEUE_GATES = ("kueue.x-k8s.io/admission", "kueue.x-k8s.io/topology", "kueue.x-k8s.io/elastic-job")
 # What Kueue's ProvisioningRequest check merges into the pods of the workloads it provisioned
-# (kubernetes-sigs/kueue pkg/controller/admissionchecks/provisioning: ConsumesAnnotationKey). Kueue
-# stopped setting the deprecated cluster-autoscaler.kubernetes.io twin, which our own
-# --provisioning-requests path still writes: that one is ours, not a sign of Kueue's check.
-KUEUE_PROVISIONING_ANNOTATION = "autoscaling.x-k8s.io/consume-provisioning-request"
+# (kubernetes-sigs/kueue pkg/controller/admissionchecks/provisioning: ConsumesAnnotationKey), the
+# same key our own --provisioning-requests path writes: ours names the request that our annotation
+# beside it names too (PROVISIONING_OURS_ANNOTATION), Kueue's names another.
+KUEUE_PROVISIONING_ANNOTATION = PROVISIONING_ANNOTATION
 MAX_MESSAGE_CHARS = 32768  # the CRD's maxLength of admissionChecks[].message
 GI = 1024**3
 
@@ -70,10 +77,12 @@ def foreign_gates(pod: Mapping[str, Any]) -> list[str]:
 def kueue_provisions(pods: Iterable[Mapping[str, Any]]) -> bool:
     """True when Kueue's ProvisioningRequest check already asked for nodes for these pods (their
     ClusterQueue runs it): we then publish no ProvisioningRequest of our own for them."""
-    return any(
-        KUEUE_PROVISIONING_ANNOTATION in ((pod.get("metadata") or {}).get("annotations") or {})
-        for pod in pods
-    )
+    for pod in pods:
+        annotations = (pod.get("metadata") or {}).get("annotations") or {}
+        consumed = annotations.get(KUEUE_PROVISIONING_ANNOTATION)
+        if consumed and consumed != annotations.get(PROVISIONING_OURS_ANNOTATION):
+            return True
+    return False
 
 
 def reservation_wait_reason(pods: Iterable[Mapping[str, Any]]) -> str:

@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -29,6 +30,7 @@ from kubernetes import client
 from driver.controller.diagnosis.explain import share_memory_requests
 from driver.controller.gangs.watch import GangWatches
 from driver.controller.guard.review import AllocationGuard
+from driver.controller.loop.provisioning import PROVISIONING_REQUESTS, Provisioner, gang_of_request
 from driver.controller.loop.reconcile import (
     CLAIM_PREFIX,
     GANG_PREFIX,
@@ -57,8 +59,8 @@ from driver.controller.view.watch import Watcher
 from driver.controller.writes.events import EventRecorder
 from driver.controller.writes.pipeline import Job, WritePool, Writers
 from driver.controller.writes.writer import ApiWriter, HaltWrites, WriteHook
-from driver.errors import NotFoundError
-from driver.kube import new_api_client
+from driver.errors import FractionalError, NotFoundError
+from driver.kube import REQUEST_TIMEOUT_SECONDS, api_errors, new_api_client
 from driver.kube.client import get_json
 
 __all__ = ["Controller"]
@@ -163,6 +165,18 @@ class Controller:
             )
             for kind in WATCH_ORDER
         ]
+        if settings.provisioning_requests:  # our own requests' conditions (served: checked at start)
+            self.watchers.append(
+                Watcher(
+                    kind=Kind.PROVISIONING_REQUEST,
+                    configuration=configuration,
+                    cache=self.cache,
+                    on_event=self._on_event,
+                    stop=self.stop_event,
+                    watch_timeout_seconds=watch_timeout_seconds,
+                    resource=PROVISIONING_REQUESTS,
+                )
+            )
         self._worker = threading.Thread(target=self._run_worker, name="allocation-worker", daemon=True)
         # Started by the decider once it decides (a synced view), stopped with it (_decider_stop).
         self._metrics_thread = threading.Thread(target=self._run_metrics, name="metrics-refresh", daemon=True)
@@ -193,6 +207,8 @@ class Controller:
 
     def start(self) -> None:
         self.gang_watches.refresh()  # which Workload/PodGroup version is served, before the pods
+        if self.settings.provisioning_requests and not self._provisioning_requests_served():
+            self.watchers = [w for w in self.watchers if w.kind is not Kind.PROVISIONING_REQUEST]
         for watcher in self.watchers:
             watcher.start()
         self._worker.start()
@@ -228,6 +244,32 @@ class Controller:
             self.guard.close()
         if self._guard_api is not None:
             self._guard_api.close()  # type: ignore[no-untyped-call]
+
+    def _provisioning_requests_served(self) -> bool:
+        """--provisioning-requests needs cluster-autoscaler's CRD: without it we make none (said once),
+        rather than wait for a watch that cannot sync."""
+        api_client = new_api_client(self._configuration)
+        group, version, plural = PROVISIONING_REQUESTS
+        try:
+            with api_errors(f"discover {group}/{version}"):
+                listed = client.CustomObjectsApi(api_client).get_api_resources(
+                    group, version, _request_timeout=REQUEST_TIMEOUT_SECONDS
+                )
+            served = any(r.name == plural for r in listed.resources or ())
+        except NotFoundError:
+            served = False
+        except FractionalError as error:  # the server is away: the watch will wait for it
+            log.warning("provisioning requests discovery failed", extra={"error": bounded(error)})
+            served = True
+        finally:
+            api_client.close()  # type: ignore[no-untyped-call]
+        if not served:
+            log.error(
+                "--provisioning-requests: autoscaling.x-k8s.io/v1 provisioningrequests is not served "
+                "(cluster-autoscaler's CRD is not installed); no ProvisioningRequest will be made"
+            )
+            self.settings = replace(self.settings, provisioning_requests=False)
+        return served
 
     def _held_against(self, priority: int) -> AbstractContextManager[None]:
         """The guard's view of the preemptor's nominations (the reconciler owns the preemptor)."""
@@ -274,6 +316,10 @@ class Controller:
             self._on_pod(event_type, obj, old)
         elif kind is Kind.CLAIM:
             self._on_claim(event_type, obj, old)
+        elif kind is Kind.PROVISIONING_REQUEST:
+            gang = gang_of_request(obj)
+            if gang is not None and self.reconciler is not None:
+                self.reconciler.provisioning_changed(gang)
         elif kind is Kind.NODE:
             if event_type == "DELETED" or _node_view(obj) != _node_view(old):
                 self._bump_capacity()
@@ -444,6 +490,12 @@ class Controller:
             ) if self.settings.preemption else None,
             refusals=RefusedShares(cache=self.cache, configuration=self._configuration, fence=self.fence),
         )  # fmt: skip
+        if self.settings.provisioning_requests:
+            self.reconciler.provisioner = Provisioner(
+                cache=self.cache, metrics=self.metrics, provisioning_class=self.settings.provisioning_class,
+                requeue_after=self.queue.add_after, initial_backoff=self.settings.provisioning_retry_seconds,
+                max_backoff=self.settings.provisioning_max_retry_seconds,
+            )  # fmt: skip
         pool.start()
         try:
             for watcher in self.watchers:  # decide only on a complete view

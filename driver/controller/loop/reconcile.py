@@ -38,6 +38,7 @@ from driver.controller.gangs.decide import Decision
 from driver.controller.gangs.nodefit import node_admits_pod
 from driver.controller.gangs.plan import GangPlan, Reservation, plan_gang, reservation_of
 from driver.controller.kueue.check import kueue_provisions
+from driver.controller.loop.provisioning import Provisioner, ProvisioningAnswer
 from driver.controller.metrics import ControllerMetrics
 from driver.controller.model.decode import bounded
 from driver.controller.model.objects import (
@@ -77,6 +78,9 @@ class ReconcilerSettings:
     hint_profiles: tuple[str, ...] = ()
     provisioning_requests: bool = False
     provisioning_class: str = "best-effort-atomic-scale-up.autoscaling.x-k8s.io"
+    # After a request of a gang ended (Failed, BookingExpired): ask again this long after, doubling.
+    provisioning_retry_seconds: float = 30.0
+    provisioning_max_retry_seconds: float = 600.0
     topology_label: str = "topology.kubernetes.io/zone"
     preemption: bool = True  # evict lower-priority pods for a gang that does not fit (``Preemptor``)
     # False: a claim whose own GpuConfig picks a sharing backend is refused (AllocationFailed naming the
@@ -89,6 +93,8 @@ class _Unfit:
     key: tuple[str, int] = ("", -1)  # (gang signature, capacity generation) last explained
     hint_json: str | None = None
     stale: int = 0  # explanations skipped in a row because capacity changed after the decision
+    message: str = ""  # the Event's message, less what was said of its ProvisioningRequests
+    provisioning: str = ""  # what was said of them
 
 
 STALE_EXPLANATIONS_SKIPPED = 3  # then say why anyway: a busy cluster must not starve the Event
@@ -119,6 +125,7 @@ class Reconciler:
     capacity_freed: Callable[[], None] = lambda: None  # requeues the gangs waiting for room
     gate_seen: dict[str, float] = field(default_factory=dict)
     preemptor: Preemptor | None = None  # None: --preemption=false
+    provisioner: Provisioner | None = None  # None: --provisioning-requests off
     refusals: RefusedShares | None = None  # None: refused shares are left to people
     latencies: list[float] = field(default_factory=list)
     unschedulable: set[GangKey] = field(default_factory=set)
@@ -128,6 +135,9 @@ class Reconciler:
     _deferred: dict[int, set[str]] = field(default_factory=dict)  # job -> keys to queue when it ends
     _jobs: int = 0
     _overcommits: frozenset[Overcommit] = frozenset()  # as last reported
+    # Unfit gangs whose ProvisioningRequests changed (a condition written) or whose backoff is over:
+    # decided again though neither they nor the capacity changed.
+    _provisioning_due: set[GangKey] = field(default_factory=set)
 
     # -- the busy registry ------------------------------------------------------------------------------
 
@@ -203,7 +213,12 @@ class Reconciler:
                     continue
                 unfit = self._unfit.get(gang)
                 unchanged = unfit is not None and unfit.key == (plan.signature, generation)
-                if plan.action == "allocate" and unchanged and not self._preemption_due(gang):
+                if (
+                    plan.action == "allocate"
+                    and unchanged
+                    and not self._retry_due(gang)
+                    and gang not in self._provisioning_due
+                ):
                     continue  # did not fit, and neither the gang nor the capacity changed since
                 if plan.action == "allocate" and (error := self._backend_refused(plan)) is not None:
                     refused.append((plan, error))
@@ -307,8 +322,16 @@ class Reconciler:
                 self.requeue_after(GANG_PREFIX + plan.key, seconds + 0.1)  # try again when it may
         self._explain(writers, plan, decision, generation)
 
-    def _preemption_due(self, gang: GangKey) -> bool:
-        return self.preemptor is not None and self.preemptor.retry_due(gang)
+    def provisioning_changed(self, gang: GangKey) -> None:
+        """A request of the gang changed, or its backoff is over: look at it again."""
+        with self._lock:
+            self._provisioning_due.add(gang)
+        self.requeue(GANG_PREFIX + gang)
+
+    def _retry_due(self, gang: GangKey) -> bool:
+        return (self.preemptor is not None and self.preemptor.retry_due(gang)) or (
+            self.provisioner is not None and self.provisioner.retry_due(gang)
+        )
 
     def _failed(self, plan: GangPlan, failure: AllocationError) -> None:
         self._mark_unschedulable(plan.key, fit=False)
@@ -326,6 +349,8 @@ class Reconciler:
         if plan.action == "idle":
             self._mark_unschedulable(plan.key, fit=True)
             self._unfit.pop(plan.key, None)
+            if self.provisioner is not None:
+                self.provisioner.forget(plan.key)
         elif plan.action == "wait":
             log.debug("gang waiting", extra={"gang": plan.key, "reason": bounded(plan.reason)})
             self.metrics.decisions.labels(outcome="waiting").inc()
@@ -575,6 +600,8 @@ class Reconciler:
                 writer.annotate_pod(stored, {HINT_ANNOTATION: None})
         writers.recorder.forget(plan.key)
         self._unfit.pop(plan.key, None)
+        if self.provisioner is not None and plan.gated:
+            self.provisioner.placed(writers.recorder, plan.key, str(plan.gated[0]["metadata"]["namespace"]))
         log.info("gang allocated", extra={"gang": plan.key, "pods": len(plan.gated)})
 
     def _pin(self, pod: dict[str, Any], node: str | None) -> tuple[str, str] | None:
@@ -594,9 +621,19 @@ class Reconciler:
     def _explain(self, writers: Writers, plan: GangPlan, decision: Decision, generation: int) -> None:
         state = self._unfit.setdefault(plan.key, _Unfit())
         key = (plan.signature, generation)
+        with self._lock:
+            self._provisioning_due.discard(plan.key)
         if state.key == key:
-            writers.recorder.keep_alive(plan.key)  # still so: its Event outlives the apiserver's TTL
-            return  # nothing changed since we last said why
+            provisioning = self._provision(writers, plan, state.hint_json)
+            if provisioning is not None and provisioning.said != state.provisioning:
+                state.provisioning = provisioning.said  # say what became of its requests
+                message = state.message + (f"; {provisioning.said}" if provisioning.said else "")
+                writers.recorder.gang_unschedulable(plan.key, plan.gated[0], message, also=plan.target)
+            else:
+                writers.recorder.keep_alive(plan.key)  # still so: its Event outlives the apiserver's TTL
+            if provisioning is not None:
+                self._annotate(writers, plan, state.hint_json, provisioning.requests)
+            return  # nothing else changed since we last said why
         if self.capacity_generation() != generation and state.stale < STALE_EXPLANATIONS_SKIPPED:
             # Capacity changed since this decision (a Node seen after its slices, a pod gone): the
             # gang is decided again, so an Event now would describe a cluster that no longer is.
@@ -647,20 +684,39 @@ class Reconciler:
         message += (
             f"; scale-up hint: {hint.nodes} x {hint.profile}" if hint else "; no known node shape fits it"
         )
-        writers.recorder.gang_unschedulable(plan.key, plan.gated[0], message, also=plan.target)
-        provisioning = None
-        if hint is not None and self.settings.provisioning_requests and not kueue_provisions(plan.gated):
-            request = writers.recorder.publish_provisioning_request(
-                plan.key, list(plan.gated), self.settings.provisioning_class
+        provisioning = self._provision(writers, plan, hint_json)
+        said = provisioning.said if provisioning is not None else ""
+        writers.recorder.gang_unschedulable(
+            plan.key, plan.gated[0], message + (f"; {said}" if said else ""), also=plan.target
+        )
+        self._annotate(writers, plan, hint_json, provisioning.requests if provisioning is not None else {})
+        state.key, state.hint_json, state.message, state.provisioning = key, hint_json, message, said
+
+    def _provision(
+        self, writers: Writers, plan: GangPlan, hint_json: str | None
+    ) -> ProvisioningAnswer | None:
+        """One step of the gang's ProvisioningRequests (None: we make none for it)."""
+        if self.provisioner is None or not plan.gated or kueue_provisions(plan.gated):
+            return None
+        return self.provisioner.for_unfit(
+            writers.recorder, plan.key, list(plan.gated), wanted=hint_json is not None,
+            requeue_key=GANG_PREFIX + plan.key,
+        )  # fmt: skip
+
+    def _annotate(
+        self, writers: Writers, plan: GangPlan, hint_json: str | None, requests: dict[str, str]
+    ) -> None:
+        """The hint on each pod, and the request that asks for it (only what differs is written)."""
+        for pod in plan.gated:
+            key = str(object_key(pod))
+            request = requests.get(key)
+            wanted = EventRecorder.hint_annotations(
+                hint_json, (request, self.settings.provisioning_class) if request else None
             )
-            provisioning = (request, self.settings.provisioning_class)
-        if hint_json != state.hint_json or provisioning is not None:
-            for pod in plan.gated:
-                annotations = pod["metadata"].get("annotations") or {}
-                if annotations.get(HINT_ANNOTATION) != hint_json or provisioning is not None:
-                    wanted = EventRecorder.hint_annotations(hint_json, provisioning)
-                    self.cache.apply(Kind.POD, "MODIFIED", writers.writer.annotate_pod(pod, wanted))
-        state.key, state.hint_json = key, hint_json
+            annotations = pod["metadata"].get("annotations") or {}
+            changed = {k: v for k, v in wanted.items() if annotations.get(k) != v}
+            if changed:
+                self.cache.apply(Kind.POD, "MODIFIED", writers.writer.annotate_pod(pod, changed))
 
     # -- overcommitted devices -------------------------------------------------------------------------
 

@@ -81,6 +81,8 @@ def settings_from_config(config: ControllerConfig) -> ReconcilerSettings:
         hint_profiles=config.hint_profiles,
         provisioning_requests=config.provisioning_requests,
         provisioning_class=config.provisioning_class,
+        provisioning_retry_seconds=config.provisioning_retry_seconds,
+        provisioning_max_retry_seconds=config.provisioning_max_retry_seconds,
         topology_label=config.topology_label,
         preemption=config.preemption,
         allow_claim_backend_override=config.allow_claim_backend_override,

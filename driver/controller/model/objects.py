@@ -18,6 +18,9 @@ __all__ = [
     "GANG_SIZE_ANNOTATION",
     "GATE",
     "HINT_ANNOTATION",
+    "PROVISIONING_ANNOTATION",
+    "PROVISIONING_CLASS_ANNOTATION",
+    "PROVISIONING_OURS_ANNOTATION",
     "RESERVED_FINALIZER",
     "ClaimRef",
     "GangKey",
@@ -44,6 +47,13 @@ GATE = "fractional.dev/allocation"
 GANG_LABEL = "fractional.dev/gang"
 GANG_SIZE_ANNOTATION = "fractional.dev/gang-size"
 HINT_ANNOTATION = "fractional.dev/scale-up-hint"
+# The pod annotations cluster-autoscaler reads (its v1 types.go ProvisioningRequestPodAnnotationKey
+# and ProvisioningClassPodAnnotationKey; the cluster-autoscaler.kubernetes.io twins are deprecated),
+# and ours beside them naming the same request: a consume annotation naming another request was put
+# there by someone else (Kueue's ProvisioningRequest admission check).
+PROVISIONING_ANNOTATION = "autoscaling.x-k8s.io/consume-provisioning-request"
+PROVISIONING_CLASS_ANNOTATION = "autoscaling.x-k8s.io/provisioning-class-name"
+PROVISIONING_OURS_ANNOTATION = "fractional.dev/provisioning-request"
 FINALIZER = "fractional.dev/allocation"
 RESERVED_FINALIZER = "resource.kubernetes.io/delete-protection"  # Kubernetes' own; never ours to touch
 

@@ -15,8 +15,16 @@ from enum import StrEnum
 from typing import Any
 
 from driver.allocator import ClusterState
-from driver.controller.model.gang_identity import ALL_SOURCES, GangSource, identify, podgroup_claim, resolve
+from driver.controller.model.gang_identity import (
+    ALL_SOURCES,
+    GangRef,
+    GangSource,
+    identify,
+    podgroup_claim,
+    resolve,
+)
 from driver.controller.model.objects import (
+    ClaimRef,
     GangKey,
     ObjectKey,
     Resources,
@@ -47,6 +55,8 @@ class Kind(StrEnum):
     WORKLOAD = "workloads"
     COSCHEDULING_PODGROUP = "podgroups.scheduling.x-k8s.io"
     VOLCANO_PODGROUP = "podgroups.scheduling.volcano.sh"
+    # Our own requests to cluster-autoscaler (--provisioning-requests): watched for their conditions.
+    PROVISIONING_REQUEST = "provisioningrequests.autoscaling.x-k8s.io"
 
 
 def _rv(obj: dict[str, Any] | None) -> str | None:
@@ -307,6 +317,18 @@ class ClusterCache:
             node, requests = placed
             self._usage[node] = self._usage[node] - requests
 
+    def claim_refs(self, pod: dict[str, Any]) -> tuple[ClaimRef, ...]:
+        """The pod's claims by entry, a claim it shares through its PodGroup (KEP-5729) resolved."""
+        with self.lock:
+            return self._claim_refs(pod, identify(pod, self.gang_sources))
+
+    def _claim_refs(self, pod: dict[str, Any], ref: GangRef) -> tuple[ClaimRef, ...]:
+        refs = pod_claim_refs(pod)
+        if ref.source is GangSource.PODGROUP:
+            spec = resolve(ref, self._lookup)
+            refs = tuple(podgroup_claim(pod, r, spec) if r.claim_name is None else r for r in refs)
+        return refs
+
     def _index_pod(self, key: ObjectKey, pod: dict[str, Any]) -> None:
         self._unindex_pod(key)
         if is_terminated(pod) or (pod.get("spec") or {}).get("nodeName"):
@@ -319,10 +341,7 @@ class ClusterCache:
             self._pod_gang[key] = gang
             self._gang_pods[gang].add(key)
         namespace = (pod.get("metadata") or {}).get("namespace")
-        refs = pod_claim_refs(pod)
-        if ref.source is GangSource.PODGROUP:  # claims shared through the PodGroup (KEP-5729)
-            spec = resolve(ref, self._lookup)
-            refs = tuple(podgroup_claim(pod, r, spec) if r.claim_name is None else r for r in refs)
+        refs = self._claim_refs(pod, ref)
         claim_keys = tuple(ObjectKey(f"{namespace}/{r.claim_name}") for r in refs if r.claim_name)
         self._pod_claims[key] = claim_keys
         for claim_key in claim_keys:

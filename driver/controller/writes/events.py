@@ -1,6 +1,6 @@
 """What the controller tells people and autoscalers about a gang that does not fit: a core/v1
 Event on its first pod (and its PodGroup or Workload), the scale-up hint annotation on each pod, and
-optionally a ProvisioningRequest with one PodTemplate per pod shape.
+optionally the ProvisioningRequests and PodTemplates that ``sizing.provisioning`` shapes.
 
 Events follow client-go's core/v1 recorder (``tools/record``, its ``EventCorrelator``): an Event
 is one series per involved object (kind, namespace, name, UID), reason and message. A repeat
@@ -14,21 +14,26 @@ the leadership fence first, as ``ApiWriter``'s do: a replica that lost its lease
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 from kubernetes import client
 
 from driver.controller.model.decode import MAX_OBJECT_DEPTH, bounded, decode_json
-from driver.controller.model.objects import HINT_ANNOTATION, GangKey
+from driver.controller.model.objects import (
+    HINT_ANNOTATION,
+    PROVISIONING_ANNOTATION,
+    PROVISIONING_CLASS_ANNOTATION,
+    PROVISIONING_OURS_ANNOTATION,
+    GangKey,
+)
 from driver.controller.writes.writer import HaltWrites, format_time
 from driver.errors import ConflictError, NamespaceTerminatingError, NotFoundError
 from driver.kube import REQUEST_TIMEOUT_SECONDS, api_errors
@@ -44,9 +49,6 @@ __all__ = [
     "EventMemory",
     "EventRecorder",
     "EventSeries",
-    "build_pod_template",
-    "build_provisioning_request",
-    "provisioning_request_name",
 ]
 
 log = logging.getLogger(__name__)
@@ -59,8 +61,6 @@ REASON_HANDED_OVER = "HandedToKubeScheduler"  # a gang's pod beyond minCount lef
 REASON_REJECTED = "ObjectRejected"
 REASON_SHARE_REFUSED = "ShareRefused"  # a node refused a pod's share: the pod is replaced (or should be)
 MAX_EVENT_MESSAGE_CHARS = 1024  # kube-apiserver truncates longer Event messages the same way
-PROVISIONING_ANNOTATION = "cluster-autoscaler.kubernetes.io/consume-provisioning-request"
-PROVISIONING_CLASS_ANNOTATION = "cluster-autoscaler.kubernetes.io/provisioning-class-name"
 MERGE_PATCH = "application/merge-patch+json"
 EVENT_TTL_SECONDS = 3600.0  # kube-apiserver --event-ttl default: an Event not written for this long is gone
 REFRESH_SECONDS = 1800.0  # a series still observed is written again this often (client-go events: 30 min)
@@ -76,71 +76,6 @@ def _series_key(scope: str, obj: dict[str, Any], kind: str, reason: str, message
     meta = obj.get("metadata") or {}
     return (scope, kind, str(meta.get("namespace") or ""), str(meta.get("name") or ""),
             str(meta.get("uid") or ""), reason, message)  # fmt: skip
-
-
-def _gang_name(gang: GangKey) -> str:
-    return gang.split("/", 1)[1].replace("pod:", "pod-")
-
-
-def provisioning_request_name(gang: GangKey) -> str:
-    """A DNS-subdomain name for the gang's ProvisioningRequest (hash-suffixed, stable)."""
-    digest = hashlib.sha256(gang.encode()).hexdigest()[:8]
-    base = "".join(ch if ch.isalnum() or ch in "-." else "-" for ch in _gang_name(gang).lower()).strip("-.")
-    return f"{base[: _NAME_LIMIT - 20]}-scale-up-{digest}"
-
-
-def _pod_shape(pod: dict[str, Any]) -> dict[str, Any]:
-    """The scheduler-relevant part of a pod (what a PodTemplate for the autoscaler needs)."""
-    spec = pod.get("spec") or {}
-    keep = ("containers", "initContainers", "nodeSelector", "affinity", "tolerations", "resourceClaims",
-            "priorityClassName", "overhead", "topologySpreadConstraints")  # fmt: skip
-    shape = {k: spec[k] for k in keep if k in spec}
-    shape["containers"] = [
-        {k: c[k] for k in ("name", "image", "resources") if k in c} for c in spec.get("containers") or ()
-    ]
-    return shape
-
-
-def build_pod_template(gang: GangKey, pod: dict[str, Any], index: int) -> dict[str, Any]:
-    namespace = pod["metadata"]["namespace"]
-    return {
-        "apiVersion": "v1",
-        "kind": "PodTemplate",
-        "metadata": {"name": f"{provisioning_request_name(gang)[:240]}-{index}", "namespace": namespace},
-        "template": {
-            "metadata": {"labels": dict(pod["metadata"].get("labels") or {})},
-            "spec": _pod_shape(pod),
-        },
-    }
-
-
-def build_provisioning_request(
-    gang: GangKey, pods: list[dict[str, Any]], *, provisioning_class: str
-) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The ProvisioningRequest and the PodTemplates it references (one per distinct pod shape)."""
-    shapes: dict[str, tuple[dict[str, Any], int]] = {}
-    for pod in pods:
-        shape = _pod_shape(pod)
-        # Each pod of a gang names its own claims; pods alike but for those names share a pod set
-        # (their claims come from one template or one spec), the template keeps the first pod's.
-        shape["resourceClaims"] = [entry.get("name") for entry in shape.get("resourceClaims") or ()]
-        key = json.dumps(shape, sort_keys=True)
-        template, count = shapes.get(key, (pod, 0))
-        shapes[key] = (template, count + 1)
-    templates = [build_pod_template(gang, pod, i) for i, (pod, _) in enumerate(shapes.values())]
-    request = {
-        "apiVersion": "autoscaling.x-k8s.io/v1",
-        "kind": "ProvisioningRequest",
-        "metadata": {"name": provisioning_request_name(gang), "namespace": pods[0]["metadata"]["namespace"]},
-        "spec": {
-            "provisioningClassName": provisioning_class,
-            "podSets": [
-                {"podTemplateRef": {"name": t["metadata"]["name"]}, "count": count}
-                for t, (_, count) in zip(templates, shapes.values(), strict=True)
-            ],
-        },
-    }
-    return request, templates
 
 
 @dataclass(frozen=True, slots=True)
@@ -408,36 +343,62 @@ class EventRecorder:
         created = decode_json(response.data, max_depth=MAX_OBJECT_DEPTH).value
         return str(((created if isinstance(created, dict) else {}).get("metadata") or {}).get("name") or "")
 
-    def publish_provisioning_request(
-        self, gang: GangKey, pods: list[dict[str, Any]], provisioning_class: str
-    ) -> str:
-        """Create the PodTemplates and the ProvisioningRequest (both kept if they exist already)."""
-        request, templates = build_provisioning_request(gang, pods, provisioning_class=provisioning_class)
-        namespace = request["metadata"]["namespace"]
+    def create_provisioning_part(
+        self, request: dict[str, Any], templates: Iterable[dict[str, Any]]
+    ) -> dict[str, Any] | None:
+        """Create the PodTemplates, then the ProvisioningRequest (cluster-autoscaler fails a request
+        whose template is missing for good). Existing ones stand (409: made by an earlier pass; a
+        request's spec is immutable). Returns the request as created, None when it existed."""
+        namespace, name = request["metadata"]["namespace"], request["metadata"]["name"]
         for template in templates:
+            self._check_fence()
             try:
                 with api_errors(f"create PodTemplate {namespace}/{template['metadata']['name']}"):
                     self._core.create_namespaced_pod_template(
                         namespace, template, _preload_content=False, _request_timeout=REQUEST_TIMEOUT_SECONDS
                     )
             except ConflictError:
-                pass  # already there from an earlier pass: the spec is derived from the same pods
+                pass
+        self._check_fence()
         try:
-            with api_errors(f"create ProvisioningRequest {namespace}/{request['metadata']['name']}"):
-                self._custom.create_namespaced_custom_object(
+            with api_errors(f"create ProvisioningRequest {namespace}/{name}"):
+                response = self._custom.create_namespaced_custom_object(
                     "autoscaling.x-k8s.io", "v1", namespace, "provisioningrequests", request,
-                    _request_timeout=REQUEST_TIMEOUT_SECONDS,
+                    _preload_content=False, _request_timeout=REQUEST_TIMEOUT_SECONDS,
                 )  # fmt: skip
         except ConflictError:
-            pass  # the spec is immutable; the one we made earlier stands
-        return str(request["metadata"]["name"])
+            return None
+        log.info("provisioning request created", extra={"namespace": namespace, "request": name})
+        created = decode_json(response.data, max_depth=MAX_OBJECT_DEPTH).value
+        return created if isinstance(created, dict) else dict(request)
+
+    def delete_provisioning(self, namespace: str, requests: Iterable[str], templates: Iterable[str]) -> None:
+        """Delete the named ProvisioningRequests, then their PodTemplates (gone already: fine)."""
+        deletes = [
+            *((f"ProvisioningRequest {namespace}/{name}", partial(
+                self._custom.delete_namespaced_custom_object, "autoscaling.x-k8s.io", "v1", namespace,
+                "provisioningrequests", name)) for name in requests),
+            *((f"PodTemplate {namespace}/{name}", partial(
+                self._core.delete_namespaced_pod_template, name, namespace)) for name in templates),
+        ]  # fmt: skip
+        for what, delete in deletes:
+            self._check_fence()
+            try:
+                with api_errors(f"delete {what}"):
+                    delete(_preload_content=False, _request_timeout=REQUEST_TIMEOUT_SECONDS)
+            except NotFoundError:
+                pass
+        log.info("provisioning requests deleted", extra={"namespace": namespace, "deleted": len(deletes)})
 
     @staticmethod
     def hint_annotations(
         hint_json: str | None, provisioning: tuple[str, str] | None
     ) -> dict[str, str | None]:
+        """The hint, and (request name, class) for the request that asks for this pod: the
+        annotations cluster-autoscaler reads, and ours naming the same request."""
         annotations: dict[str, str | None] = {HINT_ANNOTATION: hint_json}
         if provisioning is not None:
             annotations[PROVISIONING_ANNOTATION] = provisioning[0]
             annotations[PROVISIONING_CLASS_ANNOTATION] = provisioning[1]
+            annotations[PROVISIONING_OURS_ANNOTATION] = provisioning[0]
         return annotations
