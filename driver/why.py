@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from driver import DRIVER_NAME
 from driver.allocator import ClusterState
@@ -30,12 +30,15 @@ from driver.controller.model.gang_identity import GangSource, identify, resolve
 from driver.controller.model.objects import (
     GATE,
     HINT_ANNOTATION,
+    PROVISIONING_ANNOTATION,
+    PROVISIONING_OURS_ANNOTATION,
     gang_size_of,
     is_gated,
     pod_claim_refs,
     quantity,
 )
 from driver.controller.sizing.fragmentation import GpuCapacity, build_gpu_capacities, products_from_slices
+from driver.controller.sizing.provisioning import Phase, phase_of
 from driver.errors import FractionalError
 
 __all__ = [
@@ -82,6 +85,8 @@ class ClusterView:
     classes: Sequence[dict[str, Any]]
     nodes: Sequence[dict[str, Any]]
     events: Sequence[dict[str, Any]]  # of the pod's namespace
+    # autoscaling.x-k8s.io/v1 ProvisioningRequests of the pod's namespace (none: the CRD is not served)
+    provisioning_requests: Sequence[dict[str, Any]] = ()
 
 
 def _allocated(claim: Mapping[str, Any]) -> bool:
@@ -325,6 +330,7 @@ def explain_pod(pod: dict[str, Any], view: ClusterView, *, policy: str = "best-f
             lines.append("best single node: none has room for any of its pods")
     hint = (meta.get("annotations") or {}).get(HINT_ANNOTATION)
     lines.append(f"scale-up hint: {hint}" if hint else "scale-up hint: none")
+    lines += _provisioning_lines(meta.get("annotations") or {}, view.provisioning_requests)
     about = [("Pod", str(p["metadata"]["name"]), p["metadata"].get("uid")) for p in [pod, *members]]
     if gang_ref.source in (GangSource.PODGROUP, GangSource.COSCHEDULING, GangSource.VOLCANO):
         about.append(("PodGroup", gang_ref.name, None))
@@ -338,6 +344,26 @@ def explain_pod(pod: dict[str, Any], view: ClusterView, *, policy: str = "best-f
             text = event.get("message") or event.get("note")
             lines.append(f"  {event.get('reason')}: {text}")
     return lines
+
+
+def _provisioning_lines(annotations: Mapping[str, str], requests: Sequence[dict[str, Any]]) -> list[str]:
+    """What became of the ProvisioningRequest that asks for the pod's nodes, if one does."""
+    name = annotations.get(PROVISIONING_ANNOTATION)
+    if not name:
+        return []
+    whose = "ours" if name == annotations.get(PROVISIONING_OURS_ANNOTATION) else "not ours: Kueue's check"
+    request = next((r for r in requests if (r.get("metadata") or {}).get("name") == name), None)
+    if request is None:
+        return [f"ProvisioningRequest {name} ({whose}): gone (it ended, or the gang was placed)"]
+    phase, why = phase_of(request)
+    line = f"ProvisioningRequest {name} ({whose}): {why}"
+    if phase is Phase.PROVISIONED:
+        line += "; waits for the new nodes and their ResourceSlices"
+    elif phase is Phase.ENDED:
+        line += "; the controller deletes it and asks again after a backoff"
+    else:
+        line += "; cluster-autoscaler has not found the capacity yet"
+    return [line]
 
 
 def _event_time(event: Mapping[str, Any]) -> str:
@@ -370,7 +396,25 @@ def read_view(configuration: Any, namespace: str) -> ClusterView:
         classes=items("DeviceClasses", resource.list_device_class),
         nodes=items("Nodes", core.list_node),
         events=items(f"Events in {namespace}", core.list_namespaced_event, namespace),
+        provisioning_requests=_provisioning_requests(api_client, namespace),
     )
+
+
+def _provisioning_requests(api_client: Any, namespace: str) -> list[dict[str, Any]]:
+    from kubernetes import client
+
+    from driver.errors import NotFoundError
+    from driver.kube import REQUEST_TIMEOUT_SECONDS, api_errors
+
+    try:
+        with api_errors(f"list ProvisioningRequests in {namespace}"):
+            listed = client.CustomObjectsApi(api_client).list_namespaced_custom_object(
+                "autoscaling.x-k8s.io", "v1", namespace, "provisioningrequests",
+                _request_timeout=REQUEST_TIMEOUT_SECONDS,
+            )  # fmt: skip
+    except NotFoundError:
+        return []  # cluster-autoscaler's CRD is not installed
+    return list(cast(dict[str, Any], listed).get("items") or ())
 
 
 def run_why(config: WhyConfig) -> list[str]:

@@ -107,3 +107,42 @@ def test_a_request_that_can_never_fit_is_called_impossible(
     assert "  not gated and not bound: no node of this cluster can ever hold its claims (below)" in lines
     start = lines.index("impossible: no GPU in the cluster can ever hold this request, whatever is freed:")
     assert lines[start + 1] == f"  ResourceClaim {pod}-claim request gpu: {reason}"
+
+
+def test_the_provisioning_request_asking_for_the_pods_nodes_is_shown(
+    core: client.CoreV1Api, api_client: client.ApiClient, kubeconfig_file: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    custom = client.CustomObjectsApi(api_client)
+    name = "train-scale-up-1a2b3c4d-a0-p0"
+    core.create_namespaced_pod_template(NAMESPACE, cast(Any, {
+        "metadata": {"name": f"{name}-0"},
+        "template": {"spec": {"containers": [{"name": "c", "image": "i"}]}},
+    }))  # fmt: skip
+    custom.create_namespaced_custom_object("autoscaling.x-k8s.io", "v1", NAMESPACE, "provisioningrequests", {
+        "apiVersion": "autoscaling.x-k8s.io/v1", "kind": "ProvisioningRequest", "metadata": {"name": name},
+        "spec": {"provisioningClassName": "best-effort-atomic-scale-up.autoscaling.x-k8s.io",
+                 "podSets": [{"podTemplateRef": {"name": f"{name}-0"}, "count": 1}]},
+    })  # fmt: skip
+    custom.patch_namespaced_custom_object_status(
+        "autoscaling.x-k8s.io", "v1", NAMESPACE, "provisioningrequests", name,
+        {"status": {"conditions": [{"type": "Provisioned", "status": "True",
+                                    "reason": "CapacityIsProvisioned",
+                                    "message": "Capacity is found in the cluster",
+                                    "lastTransitionTime": "2030-01-01T00:00:00Z"}]}},
+    )  # fmt: skip
+    ours = {
+        "autoscaling.x-k8s.io/consume-provisioning-request": name,
+        "fractional.dev/provisioning-request": name,
+    }
+    core.patch_namespaced_pod("train-1", NAMESPACE, {"metadata": {"annotations": ours}})
+    kueue = {"autoscaling.x-k8s.io/consume-provisioning-request": "job-train-10-check-1"}
+    core.patch_namespaced_pod("train-10", NAMESPACE, {"metadata": {"annotations": kueue}})
+    assert (
+        f"ProvisioningRequest {name} (ours): Provisioned=True (CapacityIsProvisioned): "
+        "Capacity is found in the cluster; waits for the new nodes and their ResourceSlices"
+    ) in _why("train-1", kubeconfig_file, capsys)
+    assert (
+        "ProvisioningRequest job-train-10-check-1 (not ours: Kueue's check): "
+        "gone (it ended, or the gang was placed)" in _why("train-10", kubeconfig_file, capsys)
+    )

@@ -68,7 +68,11 @@ _CLAIMS, _TEMPLATES = (
 )
 _DEPLOYMENTS, _REPLICA_SETS = _type("apps", "deployments"), _type("apps", "replicasets")
 _JOBS = _type("batch", "jobs")
-_OWNED_KINDS = (_PODS, _CLAIMS, _REPLICA_SETS)  # what the demo's owners own
+_POD_TEMPLATES = _type("", "podtemplates")
+_PROVISIONING_REQUESTS = _type("autoscaling.x-k8s.io", "provisioningrequests")
+# What the demo's owners own, and what the controller's ProvisioningRequests and their PodTemplates
+# are owned by (a gang's pods: kube-controller-manager's garbage collector removes them with it).
+_OWNED_KINDS = (_PODS, _CLAIMS, _REPLICA_SETS, _POD_TEMPLATES, _PROVISIONING_REQUESTS)
 
 
 class _Api:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import time
 import urllib.request
 from collections.abc import Callable
 from typing import Any
@@ -10,6 +12,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from driver.cluster.apiserver import APIServer
+from driver.cluster.controllers import ControllerManager
 from driver.controller import Controller, ReconcilerSettings
 from driver.probes import ProbeServer
 from tests.controller.conftest import Cluster, RunningController, gated_pod, gpu_claim, wait_for
@@ -170,3 +174,38 @@ def test_provisioning_requests_for_an_unfit_gang_through_their_life(
         lambda: not cluster.core.list_namespaced_pod_template("default").items, what="its templates deleted"
     )
     assert third["metadata"]["name"].endswith("-a2-p0")
+
+
+def test_the_requests_of_a_gang_go_with_its_pods(
+    cluster: Cluster, controller: Callable[..., RunningController]
+) -> None:
+    """They are owned by the gang's pods: the garbage collector (kube-controller-manager's, or the
+    emulator's stand-in for it) removes them, and their templates, once the last pod is gone."""
+    if not _podtemplates_served(cluster):
+        pytest.skip("the API emulator does not serve core v1 podtemplates yet")
+    cluster.add_node("node-a", "l4-2x")
+    for i in range(3):
+        cluster.create_claim(gpu_claim(f"gc-{i}", memory="16Gi", compute=None))
+        cluster.create_pod(gated_pod(f"gc-{i}", [f"gc-{i}"], gang="gc", size=3))
+    controller(provisioning_requests=True, hint_profiles=("l4-2x",))
+    custom = client.CustomObjectsApi(cluster.api_client)
+    (request,) = wait_for(lambda: _requests(custom), what="ProvisioningRequest")
+    owners = {o["name"] for o in request["metadata"]["ownerReferences"]}
+    assert owners == {"gc-0", "gc-1", "gc-2"}
+    stand_in = (
+        ControllerManager(cluster.server.configuration(), interval_seconds=0.05)
+        if isinstance(cluster.server, APIServer)
+        else contextlib.nullcontext()
+    )
+    with stand_in:
+        for i in range(2):
+            cluster.core.delete_namespaced_pod(f"gc-{i}", "default", grace_period_seconds=0)
+        time.sleep(1.0)
+        assert [r["metadata"]["name"] for r in _requests(custom)] == [request["metadata"]["name"]]
+        cluster.core.delete_namespaced_pod("gc-2", "default", grace_period_seconds=0)
+        wait_for(lambda: not _requests(custom), what="the request gone with the last pod", timeout=60)
+        wait_for(
+            lambda: not cluster.core.list_namespaced_pod_template("default").items,
+            what="its templates gone too",
+            timeout=60,
+        )
