@@ -8,6 +8,12 @@ down    stop everything it started and remove what it wrote (.cluster/, /run/fra
 fleet up N [--profile P] [--cpu C] [--memory M] [--pods P]
         N fake GPU nodes kept by kwok on the running cluster, each with the ResourceSlices its
         agent would publish (fleet.py); `fleet down` removes them
+nodegroup grow GROUP N [--profile P] [--max M]
+        N more real kubelet nodes in node group GROUP (providerID fractional-local://GROUP/<ip>,
+        label fractional.dev/node-group), started as a cloud provider would (nodegroups.py); waits
+        until each is Ready with our ResourceSlices published and prints how long that took
+nodegroup delete GROUP NODE...
+        stop those nodes of the group and delete their Nodes
 restart COMPONENT [--down SECONDS] [--signal KILL|TERM]
         a fault: kill one component (etcd, kube-apiserver, kube-scheduler,
         kube-controller-manager, node-<ip with dashes>-kubelet or -containerd), keep it down,
@@ -44,6 +50,12 @@ def main(argv: list[str] | None = None) -> int:
     fleet.add_argument("--cpu", default="224", help="each node's allocatable CPU")
     fleet.add_argument("--memory", default="2000Gi", help="each node's allocatable memory")
     fleet.add_argument("--pods", default="110", help="each node's pod slots")
+    groups = sub.add_parser("nodegroup")
+    groups.add_argument("action", choices=("grow", "delete"))
+    groups.add_argument("group")
+    groups.add_argument("targets", nargs="+", help="grow: how many nodes; delete: the nodes' names")
+    groups.add_argument("--profile", default="l4-2x", help="the group's fake GPU profile")
+    groups.add_argument("--max", type=int, default=4, help="the group's maximum size")
     restart = sub.add_parser("restart")
     restart.add_argument("component")
     restart.add_argument("--down", type=float, default=0.0, metavar="SECONDS", help="how long it stays down")
@@ -71,6 +83,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"cluster-fleet: {error}", file=sys.stderr)
                 return 1
             return 0
+        if args.command == "nodegroup":
+            return _nodegroup(cluster, version, args)
         if args.command == "restart":
             if cluster.processes.get(args.component) is None:
                 names = ", ".join(p.name for p in cluster.processes.entries) or "none: no cluster is up"
@@ -109,6 +123,25 @@ def main(argv: list[str] | None = None) -> int:
         else f"cluster-up: Kubernetes v{version} control plane at {cluster.apiserver_url}"
     )
     print(f"cluster-up: export KUBECONFIG={cluster.kubeconfig}")
+    return 0
+
+
+def _nodegroup(cluster: LocalCluster, version: str, args: argparse.Namespace) -> int:
+    from localcluster.nodegroups import NodeGroup, NodeGroupError, NodeGroupProvider, wait_joined
+
+    group = NodeGroup(args.group, args.profile, max_size=args.max)
+    provider = NodeGroupProvider(cluster, Binaries.build(version, "node"), [group])
+    try:
+        if args.action == "delete":
+            provider.delete_nodes(args.group, args.targets)
+            print(f"cluster-nodegroup: deleted {', '.join(args.targets)} from {args.group}")
+            return 0
+        added = provider.increase_size(args.group, int(args.targets[0]))
+        for node, seconds in sorted(wait_joined(provider, args.group, added).items()):
+            print(f"cluster-nodegroup: {node} joined {args.group} with its ResourceSlices in {seconds:.1f}s")
+    except NodeGroupError as error:
+        print(f"cluster-nodegroup: {error}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -88,6 +88,8 @@ class NodeSpec:
     ip: str  # also the node's name (see the module docstring)
     profile: str  # fake device profile, published through the node label fractional.dev/fake-profile
     pod_cidr: str
+    provider_id: str = ""  # spec.providerID (a node of a node group: nodegroups.py)
+    labels: tuple[tuple[str, str], ...] = ()  # more labels the kubelet registers with
 
     @property
     def name(self) -> str:
@@ -173,6 +175,8 @@ class LocalCluster:
         if saved:
             self.version = str(saved.get("version", self.version))
             self.ports = {k: int(v) for k, v in dict(saved.get("ports", {})).items()}  # type: ignore[call-overload]
+            added = [_node_from_saved(n) for n in list(saved.get("added_nodes", []))]  # type: ignore[call-overload]
+            self.nodes = (*self.nodes, *(n for n in added if n not in self.nodes))
         self.release = ".".join(self.version.split(".")[:2])
         if self.release not in RELEASES:
             raise ClusterError(f"K8S_VERSION {self.version}: not one of {', '.join(RELEASES)}")
@@ -403,6 +407,21 @@ class LocalCluster:
         log = process.log if process else "?"
         raise ClusterError(f"{name} not healthy at {url} after {timeout_seconds:.0f}s ({last}); log: {log}")
 
+    def add_nodes(self, nodes: list[NodeSpec]) -> None:
+        """Nodes joined after ``up`` (a node group grown), remembered so that ``down`` stops them."""
+        self.nodes = (*self.nodes, *nodes)
+        added = list(self.processes.extra.get("added_nodes", []))  # type: ignore[call-overload]
+        added += [_node_to_saved(n) for n in nodes]
+        self.processes.extra["added_nodes"] = added
+        self.processes.save()
+
+    def forget_node(self, node: NodeSpec) -> None:
+        """A node removed (stopped, its Node deleted): no longer the cluster's."""
+        self.nodes = tuple(n for n in self.nodes if n != node)
+        added = list(self.processes.extra.get("added_nodes", []))  # type: ignore[call-overload]
+        self.processes.extra["added_nodes"] = [a for a in added if a.get("ip") != node.ip]
+        self.processes.save()
+
     # ------------------------------------------------------------------ teardown
     def down(self) -> list[str]:
         """Stop everything this cluster started (nodes first) and remove what it wrote."""
@@ -422,6 +441,17 @@ class LocalCluster:
         shutil.rmtree(self.state_dir, ignore_errors=True)
         shutil.rmtree(RUN_ROOT, ignore_errors=True)
         return said
+
+
+def _node_to_saved(node: NodeSpec) -> dict[str, object]:
+    return {"ip": node.ip, "profile": node.profile, "pod_cidr": node.pod_cidr,
+            "provider_id": node.provider_id, "labels": [list(pair) for pair in node.labels]}  # fmt: skip
+
+
+def _node_from_saved(saved: dict[str, object]) -> NodeSpec:
+    labels = tuple((str(k), str(v)) for k, v in saved.get("labels") or ())  # type: ignore[attr-defined]
+    return NodeSpec(str(saved["ip"]), str(saved["profile"]), str(saved["pod_cidr"]),
+                    provider_id=str(saved.get("provider_id") or ""), labels=labels)  # fmt: skip
 
 
 def _claim_machine(state_dir: Path) -> None:

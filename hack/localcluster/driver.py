@@ -89,7 +89,7 @@ def reload_driver(cluster: LocalCluster, binaries: Binaries) -> None:
     """Rebuild the image, import it into every node, and restart the agent and the controller."""
     from localcluster.images import load_images
 
-    load_images(cluster, binaries, with_driver=True)
+    load_images(cluster, binaries, cluster.nodes, with_driver=True)
     kubectl = kubectl_command(cluster)
     selector = ["-n", NAMESPACE, "-l", "app.kubernetes.io/part-of=fractional-dra"]
     for kind in ("daemonset", "deployment"):

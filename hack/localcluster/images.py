@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from localcluster.cluster import REPO_ROOT, Binaries, ClusterError, LocalCluster
+from localcluster.cluster import REPO_ROOT, Binaries, ClusterError, LocalCluster, NodeSpec
 
 __all__ = [
     "DRIVER_IMAGE",
@@ -79,11 +79,28 @@ if [[ "$image" != {DRIVER_IMAGE} ]]; then "${{CTR[@]}}" tag "$image" {DRIVER_IMA
     return archive
 
 
-def load_images(cluster: LocalCluster, binaries: Binaries, *, with_driver: bool = True) -> None:
+def built_archives(*, with_driver: bool) -> list[Path] | None:
+    """The archives an earlier ``build_archives`` wrote, when they are all there (a node that joins
+    later gets the same images as the others, not a rebuild)."""
+    out = _cache_dir()
+    names = ["pause.tar", "workload.tar", *(["fractional-dra.tar"] if with_driver else [])]
+    archives = [out / name for name in names]
+    return archives if all(a.is_file() for a in archives) else None
+
+
+def load_images(
+    cluster: LocalCluster,
+    binaries: Binaries,
+    nodes: tuple[NodeSpec, ...],
+    *,
+    with_driver: bool = True,
+    reuse: bool = False,
+) -> None:
+    """Import the images into ``nodes``' containerd (``reuse``: the archives built last, if any)."""
     from localcluster.node import run_dir
 
-    archives = build_archives(with_driver=with_driver)
-    for node in cluster.nodes:
+    archives = (reuse and built_archives(with_driver=with_driver)) or build_archives(with_driver=with_driver)
+    for node in nodes:
         socket_path = run_dir(node) / "containerd.sock"
         for archive in archives:
             result = subprocess.run(

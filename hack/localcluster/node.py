@@ -17,7 +17,7 @@ from pathlib import Path
 from localcluster.cluster import PROFILE_LABEL, RUN_ROOT, Binaries, ClusterError, LocalCluster, NodeSpec
 from localcluster.procs import mount_namespace_members
 
-__all__ = ["add_node_address", "node_dir", "remove_node_addresses", "stop_node", "up_nodes"]
+__all__ = ["add_node_address", "node_dir", "remove_node_addresses", "start_nodes", "stop_node", "up_nodes"]
 
 KUBELET_DIR = Path("/var/lib/kubelet")
 CDI_DIR = Path("/run/cdi")  # /var/run is /run
@@ -79,15 +79,22 @@ def _has_sys_resource() -> bool:
     return True
 
 
+def bridge_name(cluster: LocalCluster, node: NodeSpec) -> str:
+    """The node's CNI bridge: by its place among the first nodes, by its address for a node that
+    joined a node group later (a place would shift when one of those leaves)."""
+    if node.provider_id:
+        return "frng" + node.ip.rsplit(".", 1)[1]
+    return f"frbr{cluster.nodes.index(node)}"
+
+
 def _cni_config(cluster: LocalCluster, node: NodeSpec) -> dict[str, object]:
-    index = cluster.nodes.index(node)
     return {
         "cniVersion": "1.0.0",
         "name": "fractional-local",
         "plugins": [
             {
                 "type": "bridge",
-                "bridge": f"frbr{index}",
+                "bridge": bridge_name(cluster, node),
                 "isGateway": True,
                 "ipMasq": False,
                 "hairpinMode": False,
@@ -137,6 +144,7 @@ def _kubelet_config(cluster: LocalCluster, node: NodeSpec) -> dict[str, object]:
         "podCIDR": node.pod_cidr,
         "resolvConf": "/etc/resolv.conf",
         "shutdownGracePeriod": "0s",
+        **({"providerID": node.provider_id} if node.provider_id else {}),
     }
 
 
@@ -213,15 +221,30 @@ def remove_node_addresses(cluster: LocalCluster) -> list[str]:
 def kubelet_node_labels(node: NodeSpec) -> dict[str, str]:
     """The labels a real node's kubelet registers with: its fake profile (never the fleet's label,
     which is kwok's to manage: fleet.py)."""
-    return {PROFILE_LABEL: node.profile}
+    return {PROFILE_LABEL: node.profile, **dict(node.labels)}
 
 
 def up_nodes(cluster: LocalCluster, binaries: Binaries, *, with_driver_image: bool = True) -> None:
+    start_nodes(cluster, binaries, cluster.nodes, with_driver_image=with_driver_image)
+    wait_for_nodes_ready(cluster)
+    wait_for_default_service_account(cluster)
+
+
+def start_nodes(
+    cluster: LocalCluster,
+    binaries: Binaries,
+    nodes: tuple[NodeSpec, ...],
+    *,
+    with_driver_image: bool = True,
+    reuse_images: bool = False,
+) -> None:
+    """Start ``nodes`` (of ``cluster.nodes``): each one's containerd, the images (``reuse_images``:
+    those built for the nodes before, when there), its kubelet."""
     env = dict(os.environ, PATH=f"{binaries.containerd}:{binaries.cni}:{os.environ.get('PATH', '')}")
     cluster.processes.extra["containerd_bin"] = str(binaries.containerd)
-    for node in cluster.nodes:
+    for node in nodes:
         add_node_address(cluster, node)
-    for node in cluster.nodes:
+    for node in nodes:
         base = node_dir(cluster, node)
         (base / "cni" / "net.d").mkdir(parents=True, exist_ok=True)
         run_dir(node).mkdir(parents=True, exist_ok=True)
@@ -244,8 +267,8 @@ def up_nodes(cluster: LocalCluster, binaries: Binaries, *, with_driver_image: bo
         _wait_for_socket(run_dir(node) / "containerd.sock", containerd.log, node)
     from localcluster.images import load_images
 
-    load_images(cluster, binaries, with_driver=with_driver_image)
-    for node in cluster.nodes:
+    load_images(cluster, binaries, nodes, with_driver=with_driver_image, reuse=reuse_images)
+    for node in nodes:
         base = node_dir(cluster, node)
         holder_process = cluster.processes.get(f"{node.key}-namespace")
         assert holder_process is not None
@@ -263,8 +286,6 @@ def up_nodes(cluster: LocalCluster, binaries: Binaries, *, with_driver_image: bo
             ),
             env=env,
         )  # fmt: skip
-    wait_for_nodes_ready(cluster)
-    wait_for_default_service_account(cluster)
 
 
 def wait_for_default_service_account(cluster: LocalCluster, timeout_seconds: float = 60.0) -> None:
@@ -379,5 +400,4 @@ def stop_node(cluster: LocalCluster, node: NodeSpec) -> list[str]:
 
 
 def _remove_bridge(cluster: LocalCluster, node: NodeSpec) -> None:
-    index = cluster.nodes.index(node)
-    subprocess.run(["ip", "link", "del", f"frbr{index}"], capture_output=True, check=False)
+    subprocess.run(["ip", "link", "del", bridge_name(cluster, node)], capture_output=True, check=False)

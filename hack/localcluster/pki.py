@@ -101,6 +101,13 @@ def make_pki(pki_dir: Path, *, clients: dict[str, str], node_ips: list[str]) -> 
     )
 
 
+def node_certs(pki_dir: Path, ip: str) -> None:
+    """The certificates of a node that joins after the control plane started: its kubelet's client
+    certificate ``node-<ip>`` and serving certificate ``kubelet-<ip>``, as ``make_pki`` makes them."""
+    _signed(pki_dir, f"node-{ip}", f"/CN=system:node:{ip}/O=system:nodes", sans=None, usage="clientAuth")
+    _signed(pki_dir, f"kubelet-{ip}", f"/CN={ip}", sans=[f"IP:{ip}", f"DNS:{ip}"], usage="serverAuth")
+
+
 def serving_cert(pki_dir: Path, name: str, sans: list[str]) -> ClientCert:
     """A serving certificate ``<name>.crt`` for ``sans`` (``IP:...``, ``DNS:...``), signed by the CA
     of ``pki_dir`` (for a webhook server the apiserver calls)."""
