@@ -1,0 +1,163 @@
+"""A gang that fits nowhere, our controller, and a stand-in for cluster-autoscaler 1.36's
+ProvisioningRequest processing (hack/localcluster/autoscaler.py) with a node group that grows:
+the request is written, the group grows by the nodes the gang needs, the gang is placed across the
+old and new nodes and the request is deleted. Then the failures: the group at its maximum, a booking
+that expired before the nodes came. (``tests/e2e`` runs it with real kubelet nodes.)"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from driver.inventory.fake import load_profile, resolve_profile
+from driver.slices import build_resource_slices
+from tests.controller.conftest import Cluster, RunningController, gated_pod, gpu_claim, wait_for
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "hack"))
+
+from localcluster.autoscaler import AutoscalerDouble
+
+pytestmark = pytest.mark.shared  # also run on the real apiserver (--cluster=real)
+
+GROUP_LABEL = "fractional.dev/node-group"
+PROVISIONING = ("autoscaling.x-k8s.io", "v1", "default", "provisioningrequests")
+
+
+@dataclass(frozen=True)
+class Group:
+    name: str
+    max_size: int
+
+
+@dataclass
+class Groups:
+    """A node group provider whose nodes are API objects: a Node (Ready, providerID, the group's
+    label) and the ResourceSlices our agent publishes for the profile. ``stuck``: asked to grow, it
+    never delivers (a cloud out of capacity)."""
+
+    cluster: Cluster
+    group: Group
+    profile: str = "l4-2x"
+    stuck: bool = False
+    asked: list[int] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def groups(self) -> list[Group]:
+        return [self.group]
+
+    def target_size(self, group: str) -> int:
+        return len(self._nodes()) + (sum(self.asked) if self.stuck else 0)
+
+    def increase_size(self, group: str, delta: int) -> None:
+        with self.lock:
+            self.asked.append(delta)
+            if self.stuck:
+                return
+            for _ in range(delta):
+                self.add(f"{self.group.name}-{len(self._nodes())}")
+
+    def add(self, name: str) -> None:
+        inventory = load_profile(resolve_profile(self.profile), node_name=name)
+        allocatable = {"cpu": "64", "memory": "512Gi", "pods": "110"}
+        labels = {"kubernetes.io/hostname": name, GROUP_LABEL: self.group.name, **dict(inventory.labels)}
+        self.cluster.core.create_node({
+            "apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels},
+            "spec": {"providerID": f"fractional-local://{self.group.name}/{name}"},
+            "status": {"allocatable": allocatable, "capacity": allocatable,
+                       "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]},
+        })  # fmt: skip
+        for s in build_resource_slices(inventory):
+            self.cluster.resource.create_resource_slice(s)
+        wait_for(lambda: not self.cluster.not_ready(name), what=f"node {name} without the not-ready taint")
+
+    def _nodes(self) -> list[Any]:
+        return self.cluster.core.list_node(label_selector=f"{GROUP_LABEL}={self.group.name}").items
+
+
+def _requests(custom: client.CustomObjectsApi) -> list[dict[str, Any]]:
+    return list(custom.list_namespaced_custom_object(*PROVISIONING)["items"])
+
+
+def _conditions(request: dict[str, Any]) -> dict[str, str]:
+    return {
+        c["type"]: f"{c['status']}/{c['reason']}"
+        for c in (request.get("status") or {}).get("conditions") or ()
+    }
+
+
+def _gang(cluster: Cluster, name: str, pods: int) -> None:
+    for i in range(pods):  # a whole L4 (24 GB) each: an l4-2x node holds two
+        cluster.create_claim(gpu_claim(f"{name}-{i}", memory="20Gi", compute=None))
+        cluster.create_pod(gated_pod(f"{name}-{i}", [f"{name}-{i}"], gang=name, size=pods))
+
+
+def test_the_group_grows_by_what_the_gang_needs_and_the_gang_is_placed(
+    cluster: Cluster, controller: Callable[..., RunningController]
+) -> None:
+    groups = Groups(cluster, Group("l4", max_size=3))
+    groups.add("l4-0")  # a Ready node of the group: cluster-autoscaler copies it for new ones
+    _gang(cluster, "train", 5)  # five GPUs: two on the node there, three on two new ones
+    controller(provisioning_requests=True, hint_profiles=("l4-2x",))
+    custom = client.CustomObjectsApi(cluster.api_client)
+    with AutoscalerDouble(cluster.server.configuration(), groups, scan_seconds=0.2):
+        wait_for(
+            lambda: all(cluster.ungated(f"train-{i}") for i in range(5)), what="the gang placed", timeout=60
+        )
+        wait_for(lambda: not _requests(custom), what="its request deleted once placed")
+    assert groups.asked == [2]  # once, all of it, in one group
+    hosts = {
+        (c["status"]["allocation"]["nodeSelector"]["nodeSelectorTerms"][0]["matchFields"][0]["values"][0])
+        for c in cluster.claims()
+    }
+    assert hosts == {"l4-0", "l4-1", "l4-2"}  # across the old node and the new ones
+
+
+def test_a_group_at_its_maximum_is_not_found_and_asked_no_second_time(
+    cluster: Cluster, controller: Callable[..., RunningController]
+) -> None:
+    groups = Groups(cluster, Group("l4", max_size=2))
+    groups.add("l4-0")
+    _gang(cluster, "big", 5)  # needs two more nodes; the group may have one more
+    controller(provisioning_requests=True, hint_profiles=("l4-2x",))
+    custom = client.CustomObjectsApi(cluster.api_client)
+    with AutoscalerDouble(cluster.server.configuration(), groups, scan_seconds=0.2, initial_backoff=0.2):
+        (request,) = wait_for(
+            lambda: [r for r in _requests(custom) if "Provisioned" in _conditions(r)], what="its answer"
+        )
+        assert _conditions(request)["Provisioned"] == "False/CapacityIsNotFound"
+        wait_for(
+            lambda: any("CapacityIsNotFound" in (e.get("message") or "") for e in cluster.events()),
+            what="the gang's Event saying so",
+        )
+        assert [r["metadata"]["name"] for r in _requests(custom)] == [request["metadata"]["name"]]
+    assert groups.asked == []
+    assert not any(cluster.ungated(f"big-{i}") for i in range(5))
+
+
+def test_a_booking_that_expired_before_the_nodes_came_is_asked_for_again(
+    cluster: Cluster, controller: Callable[..., RunningController]
+) -> None:
+    groups = Groups(cluster, Group("l4", max_size=8), stuck=True)
+    groups.add("l4-0")
+    _gang(cluster, "late", 3)
+    controller(provisioning_requests=True, hint_profiles=("l4-2x",), provisioning_retry_seconds=0.5)
+    custom = client.CustomObjectsApi(cluster.api_client)
+    with AutoscalerDouble(cluster.server.configuration(), groups, scan_seconds=0.2, booking_seconds=1.0):
+        second = wait_for(
+            lambda: [r for r in _requests(custom) if r["metadata"]["name"].endswith("-a1-p0")],
+            what="a second attempt after the first booking expired", timeout=30,
+        )  # fmt: skip
+        assert len(_requests(custom)) == 1
+        wait_for(lambda: len(groups.asked) >= 2, what="the group asked again for the second attempt")
+        groups.stuck = False  # the cloud has capacity again: the next attempt's nodes come
+        wait_for(
+            lambda: all(cluster.ungated(f"late-{i}") for i in range(3)), what="the gang placed", timeout=60
+        )
+    assert second
