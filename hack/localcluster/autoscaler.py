@@ -12,7 +12,8 @@ and its backoff over; never one ``Failed`` or ``Provisioned=True``):
   ``resourceClaimName`` (a ``resourceClaimTemplateName`` is never resolved: such a pod fits nowhere,
   kubernetes/autoscaler#10065) and simulates them with our allocator, which follows
   kube-scheduler's rules, as its simulator runs kube-scheduler's plugins:
-  - every pod fits on the nodes there: ``Provisioned=True``, ``CapacityIsFound``;
+  - every pod fits on the nodes there and those coming (asked for, not Ready yet):
+    ``Provisioned=True``, ``CapacityIsFound``;
   - else every remaining pod must fit on new nodes of **one** node group, copies of one of that
     group's Ready nodes with its ResourceSlices (a group without one shows no devices: #10277);
     within the group's maximum, the group is asked to grow: ``Provisioned=True``,
@@ -38,7 +39,7 @@ from typing import Any, Protocol, cast
 
 from kubernetes import client
 
-from driver.controller.sizing.hints import compute_hint, existing_node_shapes
+from driver.controller.sizing.hints import build_template, compute_hint, existing_node_shapes
 from driver.kube import as_dict
 
 __all__ = ["BEST_EFFORT_ATOMIC", "AutoscalerDouble", "GroupProvider"]
@@ -204,21 +205,38 @@ class AutoscalerDouble:
         classes = [as_dict(c) for c in resource.list_device_class().items]
         allocated = [as_dict(c) for c in resource.list_resource_claim_for_all_namespaces().items
                      if c.status and c.status.allocation]  # fmt: skip
-        best: tuple[int, str] | None = None
+        # Each group's template: a copy of one of its Ready nodes with its slices (none: no devices
+        # seen in that group, as from zero: #10277). Its upcoming nodes (asked for, not Ready yet)
+        # count as capacity there already, as cluster-autoscaler's simulation counts them.
+        templates: dict[str, Any] = {}
         for group in self.provider.groups():
             ready = [n for n in nodes if (n["metadata"].get("labels") or {}).get(GROUP_LABEL) == group.name
                      and _ready(n)]  # fmt: skip
-            shapes = existing_node_shapes(slices, ready[:1])  # a copy of one Ready node, its slices renamed
+            shapes = existing_node_shapes(slices, ready[:1])
             if not shapes:
-                continue  # no Ready node with slices: no devices seen in this group (from zero: #10277)
+                continue
+            templates[group.name] = shapes[0]
+            with_slices = {s["spec"].get("nodeName") for s in slices}
+            upcoming = self.provider.target_size(group.name) - sum(
+                1 for n in ready if n["metadata"]["name"] in with_slices
+            )
+            for index in range(max(0, upcoming)):
+                name = f"upcoming-{group.name}-{index}"
+                extra, labels = build_template(shapes[0], name)
+                slices = [*slices, *extra]
+                nodes = [*nodes, {"metadata": {"name": name, "labels": labels}}]
+        best: tuple[int, str] | None = None
+        for group in self.provider.groups():
+            if group.name not in templates:
+                continue
             hint = compute_hint(
-                claims, pod_groups=pod_groups, shapes=shapes, cluster_slices=slices, classes=classes,
-                allocated_claims=allocated, nodes=nodes, max_nodes=group.max_size,
+                claims, pod_groups=pod_groups, shapes=[templates[group.name]], cluster_slices=slices,
+                classes=classes, allocated_claims=allocated, nodes=nodes, max_nodes=group.max_size,
             )  # fmt: skip
             if hint is None:
                 continue
             if not hint.node_names:
-                return True, None, 0  # all of it fits on the nodes there
+                return True, None, 0  # all of it fits on the nodes there and those coming
             count = len(hint.node_names)
             if self.provider.target_size(group.name) + count > group.max_size:
                 continue  # the all-or-nothing scale-up would be capped by the maximum: not an option
