@@ -90,6 +90,7 @@ class NodeSpec:
     pod_cidr: str
     provider_id: str = ""  # spec.providerID (a node of a node group: nodegroups.py)
     labels: tuple[tuple[str, str], ...] = ()  # more labels the kubelet registers with
+    taints: tuple[tuple[str, str, str], ...] = ()  # (key, value, effect) it registers with
 
     @property
     def name(self) -> str:
@@ -445,13 +446,16 @@ class LocalCluster:
 
 def _node_to_saved(node: NodeSpec) -> dict[str, object]:
     return {"ip": node.ip, "profile": node.profile, "pod_cidr": node.pod_cidr,
-            "provider_id": node.provider_id, "labels": [list(pair) for pair in node.labels]}  # fmt: skip
+            "provider_id": node.provider_id, "labels": [list(pair) for pair in node.labels],
+            "taints": [list(taint) for taint in node.taints]}  # fmt: skip
 
 
 def _node_from_saved(saved: dict[str, object]) -> NodeSpec:
     labels = tuple((str(k), str(v)) for k, v in saved.get("labels") or ())  # type: ignore[attr-defined]
-    return NodeSpec(str(saved["ip"]), str(saved["profile"]), str(saved["pod_cidr"]),
-                    provider_id=str(saved.get("provider_id") or ""), labels=labels)  # fmt: skip
+    taints = tuple((str(k), str(v), str(e)) for k, v, e in saved.get("taints") or ())  # type: ignore[attr-defined]
+    provider = str(saved.get("provider_id") or "")
+    return NodeSpec(str(saved["ip"]), str(saved["profile"]), str(saved["pod_cidr"]), provider_id=provider,
+                    labels=labels, taints=taints)  # fmt: skip
 
 
 def _claim_machine(state_dir: Path) -> None:

@@ -145,6 +145,11 @@ def _kubelet_config(cluster: LocalCluster, node: NodeSpec) -> dict[str, object]:
         "resolvConf": "/etc/resolv.conf",
         "shutdownGracePeriod": "0s",
         **({"providerID": node.provider_id} if node.provider_id else {}),
+        **(
+            {"registerWithTaints": [{"key": k, "value": v, "effect": e} for k, v, e in node.taints]}
+            if node.taints
+            else {}
+        ),
     }
 
 

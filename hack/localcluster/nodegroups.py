@@ -6,10 +6,11 @@ as cluster-autoscaler's cloud providers do: at once it records them as instances
 returns, then each node is started on a thread of its own (its certificates, address, containerd,
 the images, its kubelet), as ``up`` starts the first ones. A node of a group registers with
 ``spec.providerID`` ``fractional-local://<group>/<address>`` and the labels
-``fractional.dev/node-group`` and ``fractional.dev/fake-profile``: the chart's DaemonSet starts our
-agent there, which publishes the profile's ResourceSlices. ``delete_nodes`` stops a node and deletes
-its Node object; ``instances`` reports each one as creating, running (its Node Ready) or deleting,
-and the error that stopped one from starting.
+``fractional.dev/node-group`` and ``fractional.dev/fake-profile``, and the taint
+``nvidia.com/gpu=present:NoSchedule`` (the chart's agent tolerates it, other pods must): the chart's
+DaemonSet starts our agent there, which publishes the profile's ResourceSlices. ``delete_nodes``
+stops a node and deletes its Node object; ``instances`` reports each one as creating, running
+(its Node Ready) or deleting, and the error that stopped one from starting.
 
 Its addresses are 198.18.1.10 and up (the first nodes are 198.18.0.x), its pod networks
 10.245.<n>.0/24. Everything it starts is the cluster's: ``make cluster-down`` stops it too.
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field
 from localcluster.cluster import Binaries, ClusterError, LocalCluster, NodeSpec
 
 __all__ = [
+    "GPU_TAINT",
     "GROUP_LABEL",
     "PROVIDER",
     "Instance",
@@ -52,12 +54,18 @@ class NodeGroupError(RuntimeError):
     """A request the group cannot meet (an unknown group, its maximum size, a node not its own)."""
 
 
+GPU_TAINT = ("nvidia.com/gpu", "present", "NoSchedule")  # what GPU node groups commonly carry
+
+
 @dataclass(frozen=True, slots=True)
 class NodeGroup:
     name: str
     profile: str  # a shipped fake profile (fake_devices/<profile>.yaml)
     min_size: int = 0
     max_size: int = 4
+    # The taints its nodes register with: by default the GPU taint, which the chart's agent
+    # tolerates and other pods (our controller's among them) do not.
+    taints: tuple[tuple[str, str, str], ...] = (GPU_TAINT,)
 
 
 @dataclass
@@ -203,7 +211,7 @@ class NodeGroupProvider:
             raise NodeGroupError("no address left for another node (198.18.1.10-250 are taken)")
         node = NodeSpec(
             ip, group.profile, f"10.245.{host}.0/24", provider_id=provider_id(group.name, ip),
-            labels=((GROUP_LABEL, group.name),),
+            labels=((GROUP_LABEL, group.name),), taints=group.taints,
         )  # fmt: skip
         instance = Instance(node.provider_id, node)
         self._instances[node.provider_id] = instance

@@ -85,6 +85,9 @@ def _gang(name: str, pods: int, namespace: str) -> None:
         item["metadata"].setdefault("labels", {})["fractional.dev/gang"] = name
         item["metadata"].setdefault("annotations", {})["fractional.dev/gang-size"] = str(pods)
         item["spec"]["nodeSelector"] = {GROUP_LABEL: GROUP}  # only the group's nodes will do
+        item["spec"]["tolerations"] = [
+            {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+        ]
         objects.append(item)
     apply(objects, namespace)
 

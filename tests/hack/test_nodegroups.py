@@ -70,6 +70,7 @@ def test_a_group_grows_to_its_maximum_and_no_further(cluster: LocalCluster) -> N
     for node in nodes:
         assert node.profile == "h100-8x"
         assert parse_provider_id(node.provider_id) == ("h100", node.ip)
+        assert node.taints == (("nvidia.com/gpu", "present", "NoSchedule"),)  # the agent tolerates it
         assert groups.group_for_node(node.provider_id) == NodeGroup("h100", "h100-8x", max_size=3)
     with pytest.raises(NodeGroupError, match="exceeds its maximum 3"):
         groups.increase_size("h100", 2)
@@ -92,6 +93,13 @@ def test_a_node_of_a_group_registers_with_its_provider_id_and_labels(cluster: Lo
     cluster.add_nodes([node])
     config = _kubelet_config(cluster, node)
     assert config["providerID"] == "fractional-local://l4/198.18.1.12"
+    assert "registerWithTaints" not in config
+    tainted = NodeSpec(
+        "198.18.1.13", "l4-2x", "10.245.13.0/24", taints=(("nvidia.com/gpu", "present", "NoSchedule"),)
+    )
+    assert _kubelet_config(cluster, tainted)["registerWithTaints"] == [
+        {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+    ]
     assert kubelet_node_labels(node) == {"fractional.dev/fake-profile": "l4-2x", GROUP_LABEL: "l4"}
     assert "providerID" not in _kubelet_config(cluster, DEFAULT_NODES[0])
     # Its bridge is named by its address: the first nodes' names, by place, do not shift.
