@@ -46,6 +46,7 @@ class Groups:
     group: Group
     profile: str = "l4-2x"
     slow: bool = False
+    publish: bool = True  # False: its nodes come Ready but no agent publishes their slices
     asked: list[int] = field(default_factory=list)
     pending: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -78,7 +79,7 @@ class Groups:
             "status": {"allocatable": allocatable, "capacity": allocatable,
                        "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]},
         })  # fmt: skip
-        for s in build_resource_slices(inventory):
+        for s in build_resource_slices(inventory) if self.publish else ():
             self.cluster.resource.create_resource_slice(s)
         wait_for(lambda: not self.cluster.not_ready(name), what=f"node {name} without the not-ready taint")
 
@@ -170,3 +171,26 @@ def test_a_booking_that_expired_before_the_nodes_came_is_asked_for_again(
             lambda: all(cluster.ungated(f"late-{i}") for i in range(3)), what="the gang placed", timeout=60
         )
         wait_for(lambda: not _requests(custom), what="its request deleted once placed")
+
+
+def test_a_node_that_never_publishes_its_slices_is_waited_for_not_asked_for_twice(
+    cluster: Cluster, controller: Callable[..., RunningController]
+) -> None:
+    """cluster-autoscaler counts a node without its slices as unready, still coming: the booking
+    expires, we ask again, it finds the node still coming; the gang waits, and says so."""
+    groups = Groups(cluster, Group("l4", max_size=8))
+    groups.add("l4-0")
+    groups.publish = False
+    _gang(cluster, "dark", 3)
+    controller(provisioning_requests=True, hint_profiles=("l4-2x",), provisioning_retry_seconds=0.5)
+    custom = client.CustomObjectsApi(cluster.api_client)
+    with AutoscalerDouble(cluster.server.configuration(), groups, scan_seconds=0.2, booking_seconds=1.0):
+        (again,) = wait_for(
+            lambda: [r for r in _requests(custom) if r["metadata"]["name"].endswith("-a1-p0")
+                     and "Provisioned" in _conditions(r)],
+            what="the request made again, answered", timeout=30,
+        )  # fmt: skip
+        assert _conditions(again)["Provisioned"] == "True/CapacityIsFound"  # the node counts as coming
+        assert groups.asked == [1]
+        assert cluster.core.read_node("l4-1").metadata.labels[GROUP_LABEL] == "l4"  # there, Ready, dark
+    assert not any(cluster.ungated(f"dark-{i}") for i in range(3))
