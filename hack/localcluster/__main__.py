@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "reload":
             from localcluster.driver import reload_driver
 
-            reload_driver(cluster, Binaries.build(version, "node"))
+            reload_driver(cluster, Binaries.build(cluster.version, "node"))
             print("cluster-reload: the driver runs the image just built")
             return 0
         if args.command == "fleet":
@@ -130,14 +130,19 @@ def _nodegroup(cluster: LocalCluster, version: str, args: argparse.Namespace) ->
     from localcluster.nodegroups import NodeGroup, NodeGroupError, NodeGroupProvider, wait_joined
 
     group = NodeGroup(args.group, args.profile, max_size=args.max)
-    provider = NodeGroupProvider(cluster, Binaries.build(version, "node"), [group])
+    provider = NodeGroupProvider(cluster, Binaries.build(cluster.version, "node"), [group])
     try:
         if args.action == "delete":
             provider.delete_nodes(args.group, args.targets)
             print(f"cluster-nodegroup: deleted {', '.join(args.targets)} from {args.group}")
             return 0
         added = provider.increase_size(args.group, int(args.targets[0]))
-        for node, seconds in sorted(wait_joined(provider, args.group, added).items()):
+        try:
+            joined = wait_joined(provider, args.group, added)
+        except NodeGroupError:
+            provider.delete_nodes(args.group, [i.node.name for i in added])  # nothing left half-joined
+            raise
+        for node, seconds in sorted(joined.items()):
             print(f"cluster-nodegroup: {node} joined {args.group} with its ResourceSlices in {seconds:.1f}s")
     except NodeGroupError as error:
         print(f"cluster-nodegroup: {error}", file=sys.stderr)
