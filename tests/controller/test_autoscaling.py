@@ -91,6 +91,15 @@ def _requests(custom: client.CustomObjectsApi) -> list[dict[str, Any]]:
     return list(custom.list_namespaced_custom_object(*PROVISIONING)["items"])
 
 
+def _answered(custom: client.CustomObjectsApi, suffix: str = "") -> list[dict[str, Any]]:
+    """Our requests (whose name ends with ``suffix``) that cluster-autoscaler answered."""
+    return [
+        r
+        for r in _requests(custom)
+        if r["metadata"]["name"].endswith(suffix) and "Provisioned" in _conditions(r)
+    ]
+
+
 def _conditions(request: dict[str, Any]) -> dict[str, str]:
     return {
         c["type"]: f"{c['status']}/{c['reason']}"
@@ -134,9 +143,7 @@ def test_a_group_at_its_maximum_is_not_found_and_asked_no_second_time(
     controller(provisioning_requests=True, hint_profiles=("l4-2x",))
     custom = client.CustomObjectsApi(cluster.api_client)
     with AutoscalerDouble(cluster.server.configuration(), groups, scan_seconds=0.2, initial_backoff=0.2):
-        (request,) = wait_for(
-            lambda: [r for r in _requests(custom) if "Provisioned" in _conditions(r)], what="its answer"
-        )
+        (request,) = wait_for(lambda: _answered(custom), what="its answer")
         assert _conditions(request)["Provisioned"] == "False/CapacityIsNotFound"
         wait_for(
             lambda: any("CapacityIsNotFound" in (e.get("message") or "") for e in cluster.events()),
@@ -159,8 +166,7 @@ def test_a_booking_that_expired_before_the_nodes_came_is_asked_for_again(
     custom = client.CustomObjectsApi(cluster.api_client)
     with AutoscalerDouble(cluster.server.configuration(), groups, scan_seconds=0.2, booking_seconds=1.0):
         (second,) = wait_for(
-            lambda: [r for r in _requests(custom) if r["metadata"]["name"].endswith("-a1-p0")
-                     and "Provisioned" in _conditions(r)],
+            lambda: _answered(custom, "-a1-p0"),
             what="a second attempt after the first booking expired, answered", timeout=30,
         )  # fmt: skip
         assert _conditions(second)["Provisioned"] == "True/CapacityIsFound"
@@ -177,7 +183,7 @@ def test_a_node_that_never_publishes_its_slices_is_waited_for_not_asked_for_twic
     cluster: Cluster, controller: Callable[..., RunningController]
 ) -> None:
     """cluster-autoscaler counts a node without its slices as unready, still coming: the booking
-    expires, we ask again, it finds the node still coming; the gang waits, and says so."""
+    expires, we ask again, it finds the node still coming; the gang waits."""
     groups = Groups(cluster, Group("l4", max_size=8))
     groups.add("l4-0")
     groups.publish = False
@@ -186,8 +192,7 @@ def test_a_node_that_never_publishes_its_slices_is_waited_for_not_asked_for_twic
     custom = client.CustomObjectsApi(cluster.api_client)
     with AutoscalerDouble(cluster.server.configuration(), groups, scan_seconds=0.2, booking_seconds=1.0):
         (again,) = wait_for(
-            lambda: [r for r in _requests(custom) if r["metadata"]["name"].endswith("-a1-p0")
-                     and "Provisioned" in _conditions(r)],
+            lambda: _answered(custom, "-a1-p0"),
             what="the request made again, answered", timeout=30,
         )  # fmt: skip
         assert _conditions(again)["Provisioned"] == "True/CapacityIsFound"  # the node counts as coming
