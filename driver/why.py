@@ -25,6 +25,7 @@ from driver import DRIVER_NAME
 from driver.allocator import ClusterState
 from driver.config import WhyConfig
 from driver.controller.diagnosis.explain import best_node_offer, describe_demand, format_bytes
+from driver.controller.gangs.nodefit import node_admits_pod
 from driver.controller.gangs.plan import PodGroup
 from driver.controller.model.gang_identity import GangSource, identify, resolve
 from driver.controller.model.objects import (
@@ -300,15 +301,21 @@ def explain_pod(pod: dict[str, Any], view: ClusterView, *, policy: str = "best-f
         lines += [f"  {reason}" for reason in impossible]
     state = _state(view) if view.slices else None
     need = gpu_need(pending)
+    # Only the nodes this pod may run on (its nodeSelector, affinity, tolerations), as the
+    # controller counts them: room on a node the pod is kept off is no answer.
+    admitting = {str(n["metadata"]["name"]) for n in view.nodes if node_admits_pod(pod, n)}
     if need is not None and state is not None:
         gpus = build_gpu_capacities(state.free_summary(), products_from_slices(view.slices))
-        fits = compute_device_fits(gpus, need)
+        fits = [f for f in compute_device_fits(gpus, need) if not view.nodes or f.node in admitting]
         lines.append("closest GPUs and what each lacks:")
         for fit in fits[:CLOSEST]:
             lacks = "; ".join(fit.lacks) or "fits on memory and compute (selectors or constraints decide)"
             lines.append(f"  {fit.node}/{fit.device} ({fit.product}): {lacks}")
         if not fits:
-            lines.append("  no GPU of fractional.dev is published")
+            lines.append(
+                "  no GPU of fractional.dev is published on a node this pod may use"
+                f" ({len(admitting)} of {len(view.nodes)} nodes admit it)"
+            )
     if pending and state is not None and is_gated(pod):
         groups = []
         for member in members:
@@ -319,7 +326,11 @@ def explain_pod(pod: dict[str, Any], view: ClusterView, *, policy: str = "best-f
             ]
             if is_gated(member) and member_claims:
                 groups.append(PodGroup(pods=(member,), pending_claims=tuple(member_claims), pinned_node=None))
-        node_names = [str(n["metadata"]["name"]) for n in view.nodes]
+        node_names = [
+            str(n["metadata"]["name"])
+            for n in view.nodes
+            if all(node_admits_pod(g.pods[0], n) for g in groups)
+        ]
         offer = best_node_offer(state, groups, node_names, policy=policy)
         if offer is not None and offer.shares:
             lines.append(

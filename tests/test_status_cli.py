@@ -167,3 +167,33 @@ def test_why_for_a_running_pod_and_a_missing_one(
     assert f"  infer-claim: allocated ({NODE}/gpu-0)" in lines
     assert main(["why", f"{NAMESPACE}/nope", "--kubeconfig", str(kubeconfig_file)]) == 1
     assert main(["why", "no-slash", "--kubeconfig", str(kubeconfig_file)]) == 2
+
+
+def test_why_counts_only_the_nodes_the_pod_may_use(
+    cluster: Any, kubeconfig_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A second node with both GPUs free, which the gang's pod is kept off by its nodeSelector (as a
+    # gang kept to one node group is, seen with cluster-autoscaler): its room is no answer.
+    core, resource = cluster
+    core.create_node(cast(Any, build_node("node-b", profile="l4-2x", zone="z")))
+    for resource_slice in build_resource_slices(load_profile(resolve_profile("l4-2x"), node_name="node-b")):
+        resource.create_resource_slice(cast(Any, resource_slice))
+    resource.create_namespaced_resource_claim(
+        NAMESPACE, cast(Any, build_claim("kept-0-claim", NAMESPACE, [gpu_request()]))
+    )
+    pod = build_pod("kept-0", NAMESPACE, ["kept-0-claim"], gang="kept", gang_size=1)
+    pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": NODE}
+    core.create_namespaced_pod(NAMESPACE, cast(Any, pod))
+    assert main(["why", f"{NAMESPACE}/kept-0", "--kubeconfig", str(kubeconfig_file)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    closest = lines.index("closest GPUs and what each lacks:")
+    listed = [line for line in lines[closest + 1 :] if line.startswith("  ")]
+    assert listed and all(line.startswith(f"  {NODE}/") for line in listed[:2]), lines
+    assert not any("node-b" in line for line in lines), lines
+    assert "best single node: none has room for any of its pods" in lines
+    # Without the nodeSelector node-b is the answer: the filter, not the room, decided above.
+    pod = build_pod("free-0", NAMESPACE, ["kept-0-claim"], gang="free", gang_size=1)
+    core.create_namespaced_pod(NAMESPACE, cast(Any, pod))
+    assert main(["why", f"{NAMESPACE}/free-0", "--kubeconfig", str(kubeconfig_file)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "best single node: node-b has room for 1 of 1 gated pod(s) (1 devices)" in lines

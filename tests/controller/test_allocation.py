@@ -169,6 +169,29 @@ def test_a_joining_node_tainted_not_ready_is_not_named_as_the_best_offer(
     assert not any(cluster.allocated(n) for n in names)
 
 
+def test_the_hint_counts_only_the_nodes_the_gang_may_use(
+    cluster: Cluster, controller: Callable[..., RunningController]
+) -> None:
+    """A gang kept off a node (here by its taint; a nodeSelector to one node group does the same)
+    must not count that node's room: seen with the real cluster-autoscaler, where a gang of 5 kept
+    to its group was hinted 1 node although 2 were needed."""
+    cluster.add_node("node-a", "l4-2x")
+    cluster.add_node("elsewhere", "l4-2x")  # two free L4s the gang may not use
+    cluster.core.patch_node(
+        "elsewhere", {"spec": {"taints": [{"key": "example.com/other-team", "effect": "NoSchedule"}]}}
+    )
+    names = _gang(cluster, "train", 6)  # six L4-sized shares: node-a's two, then four more
+    controller(hint_profiles=("l4-2x",))
+    hint = wait_for(
+        lambda: (
+            HINT_ANNOTATION in (cluster.pod(names[0])["metadata"].get("annotations") or {})
+            and json.loads(cluster.pod(names[0])["metadata"]["annotations"][HINT_ANNOTATION])
+        ),
+        what="the gang's scale-up hint",
+    )
+    assert hint == {"profile": "l4-2x", "nodes": 2}, hint
+
+
 def test_deleted_claim_releases_its_share_and_goes_away(
     cluster: Cluster, controller: Callable[..., RunningController]
 ) -> None:

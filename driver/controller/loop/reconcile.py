@@ -34,7 +34,7 @@ from driver import DRIVER_NAME
 from driver.allocator import check_no_claim_backend
 from driver.controller.diagnosis.explain import best_node_offer, describe_demand
 from driver.controller.gangs.burst import decide_all
-from driver.controller.gangs.decide import Decision
+from driver.controller.gangs.decide import Decision, static_exclusions
 from driver.controller.gangs.nodefit import node_admits_pod
 from driver.controller.gangs.plan import GangPlan, Reservation, plan_gang, reservation_of
 from driver.controller.kueue.check import kueue_provisions
@@ -660,6 +660,10 @@ class Reconciler:
             allocated = [
                 c for c in self.cache.objects(Kind.CLAIM) if (c.get("status") or {}).get("allocation")
             ]
+            # The hint counts only the nodes the gang's pods may use (their nodeSelector, affinity
+            # and tolerations): a gang kept to one node group must not be told that room elsewhere
+            # covers part of it (seen with cluster-autoscaler: the hint said 1 node where it took 2).
+            refused = static_exclusions(self.cache, plan)
         name = plan.key.split("/", 1)[1]
         message = f"gang {name} ({len(plan.gated)} pods) needs {describe_demand(claims)}; "
         offered = (
@@ -677,7 +681,7 @@ class Reconciler:
         shapes = profile_shapes(self.settings.hint_profiles) + existing_node_shapes(slices, nodes)
         hint = compute_hint(
             claims, pod_groups=pod_groups, shapes=shapes, cluster_slices=slices, classes=classes,
-            allocated_claims=allocated, nodes=nodes, policy=self.settings.policy,
+            allocated_claims=allocated, nodes=nodes, exclude_nodes=refused, policy=self.settings.policy,
             topology_label=self.settings.topology_label,
         )  # fmt: skip
         hint_json = render_hint(hint) if hint else None
