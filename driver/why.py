@@ -341,7 +341,13 @@ def explain_pod(pod: dict[str, Any], view: ClusterView, *, policy: str = "best-f
             lines.append("best single node: none has room for any of its pods")
     hint = (meta.get("annotations") or {}).get(HINT_ANNOTATION)
     lines.append(f"scale-up hint: {hint}" if hint else "scale-up hint: none")
-    lines += _provisioning_lines(meta.get("annotations") or {}, view.provisioning_requests)
+    lines += _provisioning_lines(
+        meta.get("annotations") or {},
+        view.provisioning_requests,
+        _usable_nodes(view, admitting),
+        view.slices,
+        since=str(meta.get("creationTimestamp") or ""),
+    )
     about = [("Pod", str(p["metadata"]["name"]), p["metadata"].get("uid")) for p in [pod, *members]]
     if gang_ref.source in (GangSource.PODGROUP, GangSource.COSCHEDULING, GangSource.VOLCANO):
         about.append(("PodGroup", gang_ref.name, None))
@@ -357,7 +363,49 @@ def explain_pod(pod: dict[str, Any], view: ClusterView, *, policy: str = "best-f
     return lines
 
 
-def _provisioning_lines(annotations: Mapping[str, str], requests: Sequence[dict[str, Any]]) -> list[str]:
+def _usable_nodes(view: ClusterView, admitting: set[str]) -> list[dict[str, Any]]:
+    return [n for n in view.nodes if str(n["metadata"]["name"]) in admitting]
+
+
+def _is_ready(node: Mapping[str, Any]) -> bool:
+    conditions = (node.get("status") or {}).get("conditions") or ()
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def _arrived(since: str, nodes: Sequence[dict[str, Any]], slices: Sequence[Mapping[str, Any]]) -> str:
+    """The nodes (the pod may use) created since the pod was: what cluster-autoscaler added,
+    and whether each is Ready and has our devices published. A node Ready for minutes without our
+    slices is one whose agent does not run or cannot publish (seen with the real cluster-autoscaler,
+    which counts such a node as still coming, so it never adds another)."""
+    ours = {
+        str((s.get("spec") or {}).get("nodeName"))
+        for s in slices
+        if (s.get("spec") or {}).get("driver") == DRIVER_NAME
+    }
+    said = []
+    for node in nodes:
+        meta = node.get("metadata") or {}
+        if since and str(meta.get("creationTimestamp") or "") > since:  # in a later second
+            name = str(meta.get("name"))
+            if not _is_ready(node):
+                said.append(f"{name} (not Ready yet)")
+            elif name in ours:
+                said.append(f"{name} (Ready, devices published)")
+            else:
+                said.append(
+                    f"{name} (Ready, no {DRIVER_NAME} devices published: is our node agent running there?)"
+                )
+    return "; nodes added since the pod was created: " + ", ".join(said) if said else "; no node added yet"
+
+
+def _provisioning_lines(
+    annotations: Mapping[str, str],
+    requests: Sequence[dict[str, Any]],
+    nodes: Sequence[dict[str, Any]] = (),
+    slices: Sequence[Mapping[str, Any]] = (),
+    *,
+    since: str = "",
+) -> list[str]:
     """What became of the ProvisioningRequest that asks for the pod's nodes, if one does."""
     name = annotations.get(PROVISIONING_ANNOTATION)
     if not name:
@@ -369,7 +417,7 @@ def _provisioning_lines(annotations: Mapping[str, str], requests: Sequence[dict[
     phase, why = phase_of(request)
     line = f"ProvisioningRequest {name} ({whose}): {why}"
     if phase is Phase.PROVISIONED:
-        line += "; waits for the new nodes and their ResourceSlices"
+        line += "; waits for the new nodes and their ResourceSlices" + _arrived(since, nodes, slices)
     elif phase is Phase.ENDED:
         line += "; the controller deletes it and asks again after a backoff"
     else:

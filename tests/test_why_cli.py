@@ -3,6 +3,7 @@ request no GPU can ever hold is called impossible, with the dimension and the la
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
@@ -138,10 +139,33 @@ def test_the_provisioning_request_asking_for_the_pods_nodes_is_shown(
     core.patch_namespaced_pod("train-1", NAMESPACE, {"metadata": {"annotations": ours}})
     kueue = {"autoscaling.x-k8s.io/consume-provisioning-request": "job-train-10-check-1"}
     core.patch_namespaced_pod("train-10", NAMESPACE, {"metadata": {"annotations": kueue}})
-    assert (
+    said = (
         f"ProvisioningRequest {name} (ours): Provisioned=True (CapacityIsProvisioned): "
         "Capacity is found in the cluster; waits for the new nodes and their ResourceSlices"
-    ) in _why("train-1", kubeconfig_file, capsys)
+    )
+    assert f"{said}; no node added yet" in _why("train-1", kubeconfig_file, capsys)
+    # The node cluster-autoscaler adds, through its life: not Ready, Ready without our slices (an
+    # agent that does not run there: the real cluster-autoscaler counts it as still coming and never
+    # adds another, so this is where the wait is explained), then with them.
+    time.sleep(1.1)  # creation times are in seconds: the node comes in a later one than the pod
+    core.create_node(cast(Any, build_node("added-0", profile="l4-2x", zone="z")))
+    added = f"{said}; nodes added since the pod was created: added-0"
+    assert f"{added} (not Ready yet)" in _why("train-1", kubeconfig_file, capsys)
+    ready = {
+        "type": "Ready",
+        "status": "True",
+        "reason": "KubeletReady",
+        "message": "ready",
+        "lastHeartbeatTime": "2030-01-01T00:00:00Z",
+        "lastTransitionTime": "2030-01-01T00:00:00Z",
+    }
+    core.patch_node_status("added-0", {"status": {"conditions": [ready]}})
+    dark = f"{added} (Ready, no fractional.dev devices published: is our node agent running there?)"
+    assert dark in _why("train-1", kubeconfig_file, capsys)
+    resource = client.ResourceV1Api(api_client)
+    for resource_slice in build_resource_slices(load_profile(resolve_profile("l4-2x"), node_name="added-0")):
+        resource.create_resource_slice(cast(Any, resource_slice))
+    assert f"{added} (Ready, devices published)" in _why("train-1", kubeconfig_file, capsys)
     assert (
         "ProvisioningRequest job-train-10-check-1 (not ours: Kueue's check): "
         "gone (it ended, or the gang was placed)" in _why("train-10", kubeconfig_file, capsys)
