@@ -210,16 +210,16 @@ class AutoscalerDouble:
         # count as capacity there already, as cluster-autoscaler's simulation counts them.
         templates: dict[str, Any] = {}
         for group in self.provider.groups():
+            with_slices = {s["spec"].get("nodeName") for s in slices}
+            # Ready with its slices: a Ready node without them is unready to cluster-autoscaler
+            # (its DRA processor), so neither a template nor capacity, only still coming.
             ready = [n for n in nodes if (n["metadata"].get("labels") or {}).get(GROUP_LABEL) == group.name
-                     and _ready(n)]  # fmt: skip
+                     and _ready(n) and n["metadata"]["name"] in with_slices]  # fmt: skip
             shapes = existing_node_shapes(slices, ready[:1])
             if not shapes:
                 continue
             templates[group.name] = shapes[0]
-            with_slices = {s["spec"].get("nodeName") for s in slices}
-            upcoming = self.provider.target_size(group.name) - sum(
-                1 for n in ready if n["metadata"]["name"] in with_slices
-            )
+            upcoming = self.provider.target_size(group.name) - len(ready)
             for index in range(max(0, upcoming)):
                 name = f"upcoming-{group.name}-{index}"
                 extra, labels = build_template(shapes[0], name)

@@ -177,6 +177,14 @@ class NodeGroupProvider:
             with self._lock:
                 self._instances.pop(instance.provider_id, None)
 
+    def replace_group(self, group: NodeGroup) -> None:
+        """Change a group's spec for the nodes it starts from now on (as a cloud's node template is
+        edited): its profile, sizes and taints. Its running nodes stay as they are; a smaller
+        maximum than its size only refuses growth."""
+        self._group(group.name)
+        with self._lock:
+            self._groups[group.name] = group
+
     def refresh(self) -> None:
         """Mark the instances whose Node is Ready as running (cluster-autoscaler calls Refresh each loop)."""
         ready = _ready_nodes(self._cluster)

@@ -80,6 +80,21 @@ def test_a_group_grows_to_its_maximum_and_no_further(cluster: LocalCluster) -> N
     assert groups.group_for_node("aws:///us-east-1a/i-0abc") is None
 
 
+def test_a_replaced_group_starts_its_next_nodes_from_the_new_spec(cluster: LocalCluster) -> None:
+    started: list[list[NodeSpec]] = []
+    groups = provider(cluster, started)
+    (first,) = groups.increase_size("l4", 1)
+    with pytest.raises(NodeGroupError, match="exceeds its maximum 1"):
+        groups.increase_size("l4", 1)
+    groups.replace_group(NodeGroup("l4", "nope", max_size=2))  # a template whose agent cannot start
+    (second,) = groups.increase_size("l4", 1)
+    wait(lambda: len(started) == 2)
+    assert [first.node.profile, second.node.profile] == ["l4-2x", "nope"]
+    assert groups.target_size("l4") == 2
+    with pytest.raises(NodeGroupError, match="no node group 'other'"):
+        groups.replace_group(NodeGroup("other", "l4-2x"))
+
+
 def test_a_node_that_does_not_start_is_reported_on_its_instance(cluster: LocalCluster) -> None:
     groups = provider(cluster, [], fail=True)
     (instance,) = groups.increase_size("l4", 1)
