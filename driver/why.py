@@ -417,12 +417,14 @@ def _provisioning_lines(
     phase, why = phase_of(request)
     line = f"ProvisioningRequest {name} ({whose}): {why}"
     if phase is Phase.PROVISIONED:
-        line += "; waits for the new nodes and their ResourceSlices" + _arrived(since, nodes, slices)
+        line += "; waits for the new nodes and their ResourceSlices"
     elif phase is Phase.ENDED:
         line += "; the controller deletes it and asks again after a backoff"
     else:
         line += "; cluster-autoscaler has not found the capacity yet"
-    return [line]
+    # In every phase: a node added for an earlier attempt that never published is why a later one
+    # finds no capacity (cluster-autoscaler stops counting it as coming past its provision time).
+    return [line + _arrived(since, nodes, slices)]
 
 
 def _event_time(event: Mapping[str, Any]) -> str:

@@ -23,6 +23,15 @@ and its backoff over; never one ``Failed`` or ``Provisioned=True``):
 - ``booking_seconds`` (10 minutes there, hard-coded) after ``Provisioned=True``:
   ``BookingExpired=True``, ``CapacityReservationTimeExpired``.
 
+A group's nodes asked for count as coming only while its scale-up is active: until each is Ready
+with its ResourceSlices (a Ready node without them is unready to its DRA processor), or until
+``max_node_provision_seconds`` (``--max-node-provision-time``, 15 minutes there) have passed. Then,
+as seen with the real cluster-autoscaler 1.36.1 and a node whose agent never published, the
+scale-up times out: the group is backed off (``group_backoff_seconds``,
+``--initial-node-group-backoff-duration``, 5 minutes there), its target size is decreased by the
+nodes still missing (a provider refuses that for a node that registered; it is only logged), and
+the node no longer counts as coming: the next request that needs the room grows the group again.
+
 It never writes ``CapacityRevoked`` (1.36 does not). What it leaves out: scale-down, the booking's
 weight in other simulations, pods that are not in a request (gated pods never trigger a scale-up).
 """
@@ -60,6 +69,8 @@ class GroupProvider(Protocol):
 
     def increase_size(self, group: str, delta: int) -> Any: ...
 
+    def decrease_target_size(self, group: str, delta: int) -> None: ...
+
 
 @dataclass
 class _Seen:
@@ -76,10 +87,15 @@ class AutoscalerDouble:
     booking_seconds: float = 600.0
     initial_backoff: float = 60.0
     max_backoff: float = 600.0
+    max_node_provision_seconds: float = 900.0
+    group_backoff_seconds: float = 300.0
     clock: Callable[[], float] = time.monotonic
     scans: int = 0
     errors: list[str] = field(default_factory=list)
+    timed_out: list[str] = field(default_factory=list)  # the groups whose scale-up timed out, in order
     _seen: dict[str, _Seen] = field(default_factory=dict)
+    _scale_ups: dict[str, float] = field(default_factory=dict)  # group: when it was last asked to grow
+    _backoff_until: dict[str, float] = field(default_factory=dict)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -107,6 +123,7 @@ class AutoscalerDouble:
 
     def scan(self, api: client.ApiClient) -> None:
         self.scans += 1
+        self._end_scale_ups(api)
         custom = client.CustomObjectsApi(api)
         listed = cast(dict[str, Any], custom.list_cluster_custom_object(*REQUESTS, "provisioningrequests"))
         for request in listed.get("items") or ():
@@ -144,6 +161,7 @@ class AutoscalerDouble:
             return
         if group is not None:
             self.provider.increase_size(group, nodes)
+            self._scale_ups[group] = now
             seen.provisioned_at = now
             log.info(
                 "autoscaler double: grew %s by %d for %s/%s", group, nodes, meta["namespace"], meta["name"]
@@ -155,6 +173,27 @@ class AutoscalerDouble:
         seen.retry_at = now + min(self.max_backoff, self.initial_backoff * 2 ** (seen.failures - 1))
         self._write(api, request, conditions, "Provisioned", "False", "CapacityIsNotFound",
                     "Capacity is not found, CA will try to find it later.")  # fmt: skip
+
+    def _end_scale_ups(self, api: client.ApiClient) -> None:
+        """A scale-up ends when its nodes are all Ready with their slices, or times out."""
+        if not self._scale_ups:
+            return
+        nodes = [as_dict(n) for n in client.CoreV1Api(api).list_node().items]
+        slices = [as_dict(s) for s in client.ResourceV1Api(api).list_resource_slice().items]
+        now = self.clock()
+        for group, asked_at in list(self._scale_ups.items()):
+            missing = self.provider.target_size(group) - len(_ready_with_slices(group, nodes, slices))
+            if missing <= 0:
+                del self._scale_ups[group]
+            elif now - asked_at >= self.max_node_provision_seconds:
+                del self._scale_ups[group]
+                self._backoff_until[group] = now + self.group_backoff_seconds
+                self.timed_out.append(group)
+                log.warning("autoscaler double: scale-up of %s timed out, %d node(s) missing", group, missing)
+                try:
+                    self.provider.decrease_target_size(group, -missing)
+                except Exception as error:  # logged, as it logs a provider's refusal
+                    log.info("autoscaler double: %s refused to decrease its target size: %s", group, error)
 
     # -- the simulation ----------------------------------------------------------------------------
 
@@ -210,16 +249,16 @@ class AutoscalerDouble:
         # count as capacity there already, as cluster-autoscaler's simulation counts them.
         templates: dict[str, Any] = {}
         for group in self.provider.groups():
-            with_slices = {s["spec"].get("nodeName") for s in slices}
             # Ready with its slices: a Ready node without them is unready to cluster-autoscaler
-            # (its DRA processor), so neither a template nor capacity, only still coming.
-            ready = [n for n in nodes if (n["metadata"].get("labels") or {}).get(GROUP_LABEL) == group.name
-                     and _ready(n) and n["metadata"]["name"] in with_slices]  # fmt: skip
+            # (its DRA processor), so neither a template nor capacity, only still coming, and that
+            # only while the group's scale-up is active ("no active scale-up request" there).
+            ready = _ready_with_slices(group.name, nodes, slices)
             shapes = existing_node_shapes(slices, ready[:1])
             if not shapes:
                 continue
             templates[group.name] = shapes[0]
-            upcoming = self.provider.target_size(group.name) - len(ready)
+            active = group.name in self._scale_ups
+            upcoming = self.provider.target_size(group.name) - len(ready) if active else 0
             for index in range(max(0, upcoming)):
                 name = f"upcoming-{group.name}-{index}"
                 extra, labels = build_template(shapes[0], name)
@@ -227,8 +266,8 @@ class AutoscalerDouble:
                 nodes = [*nodes, {"metadata": {"name": name, "labels": labels}}]
         best: tuple[int, str] | None = None
         for group in self.provider.groups():
-            if group.name not in templates:
-                continue
+            if group.name not in templates or self._backoff_until.get(group.name, 0.0) > self.clock():
+                continue  # no template, or backed off after a scale-up that timed out
             hint = compute_hint(
                 claims, pod_groups=pod_groups, shapes=[templates[group.name]], cluster_slices=slices,
                 classes=classes, allocated_claims=allocated, nodes=nodes, max_nodes=group.max_size,
@@ -271,3 +310,15 @@ def _ready(node: dict[str, Any]) -> bool:
         c.get("type") == "Ready" and c.get("status") == "True"
         for c in (node.get("status") or {}).get("conditions") or ()
     )
+
+
+def _ready_with_slices(
+    group: str, nodes: Sequence[dict[str, Any]], slices: Sequence[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """The group's nodes that are Ready and have published ResourceSlices."""
+    with_slices = {s["spec"].get("nodeName") for s in slices}
+    return [
+        n for n in nodes
+        if (n["metadata"].get("labels") or {}).get(GROUP_LABEL) == group and _ready(n)
+        and n["metadata"]["name"] in with_slices
+    ]  # fmt: skip

@@ -101,9 +101,11 @@ class NodeGroupProvider:
         groups: Sequence[NodeGroup],
         *,
         start_nodes: Callable[[list[NodeSpec]], None] | None = None,
+        registered_nodes: Callable[[], set[str]] | None = None,
     ) -> None:
         """``start_nodes``: how nodes are started (the default starts real ones; tests of the
-        bookkeeping alone pass their own)."""
+        bookkeeping alone pass their own); ``registered_nodes``: the names of the cluster's Nodes
+        (the default asks the apiserver)."""
         self._cluster = cluster
         self._binaries = binaries
         self._groups = {g.name: g for g in groups}
@@ -111,6 +113,7 @@ class NodeGroupProvider:
         self._starting = threading.Lock()  # one start at a time: they change the cluster's records
         self._instances: dict[str, Instance] = {}
         self._start_nodes = start_nodes or self._start_real_nodes
+        self._registered_nodes = registered_nodes or (lambda: _node_names(cluster))
         for node in cluster.nodes:  # nodes of a group started earlier (another process): still ours
             parsed = parse_provider_id(node.provider_id)
             if parsed and parsed[0] in self._groups:
@@ -176,6 +179,25 @@ class NodeGroupProvider:
             self._cluster.forget_node(instance.node)
             with self._lock:
                 self._instances.pop(instance.provider_id, None)
+
+    def decrease_target_size(self, group: str, delta: int) -> None:
+        """Give up ``-delta`` nodes asked for that have not registered (cluster-autoscaler reverts
+        a timed-out scale-up so); never a node that registered, as its contract says: then refused."""
+        self._group(group)
+        if delta >= 0:
+            raise NodeGroupError(f"decrease_target_size: delta must be negative, got {delta}")
+        registered = self._registered_nodes()
+        with self._lock:
+            unregistered = [
+                i for i in self._instances.values()
+                if self._in(i, group) and i.state == "creating" and i.node.name not in registered
+            ]  # fmt: skip
+        if len(unregistered) < -delta:
+            raise NodeGroupError(
+                f"node group {group}: {len(unregistered)} node(s) not registered yet; decreasing the "
+                f"target size by {-delta} would delete registered nodes"
+            )
+        self.delete_nodes(group, [i.node.name for i in unregistered[delta:]])
 
     def replace_group(self, group: NodeGroup) -> None:
         """Change a group's spec for the nodes it starts from now on (as a cloud's node template is
@@ -291,6 +313,17 @@ def wait_joined(
             raise NodeGroupError(f"not joined with their slices after {timeout_seconds:.0f}s: {missing}")
         time.sleep(0.5)
     return joined
+
+
+def _node_names(cluster: LocalCluster) -> set[str]:
+    from localcluster.node import kubectl_command
+
+    result = subprocess.run(
+        [*kubectl_command(cluster), "get", "nodes", "-o", "name"], capture_output=True, text=True, check=False
+    )
+    if result.returncode != 0:
+        raise ClusterError(f"kubectl get nodes: {result.stderr.strip()[-500:]}")
+    return {line.removeprefix("node/") for line in result.stdout.split()}
 
 
 def _ready_nodes(cluster: LocalCluster) -> set[str]:

@@ -64,6 +64,13 @@ class Groups:
             if not self.slow:
                 self.deliver()
 
+    def decrease_target_size(self, group: str, delta: int) -> None:
+        """Gives up nodes not delivered yet; refuses to touch a node that exists."""
+        with self.lock:
+            if self.pending < -delta:
+                raise RuntimeError(f"{self.pending} node(s) not registered; would delete registered nodes")
+            self.pending += delta
+
     def deliver(self) -> None:
         while self.pending:
             self.add(f"{self.group.name}-{len(self._nodes())}")
@@ -183,7 +190,8 @@ def test_a_node_that_never_publishes_its_slices_is_waited_for_not_asked_for_twic
     cluster: Cluster, controller: Callable[..., RunningController]
 ) -> None:
     """cluster-autoscaler counts a node without its slices as unready, still coming: the booking
-    expires, we ask again, it finds the node still coming; the gang waits."""
+    expires, we ask again, it finds the node still coming; the gang waits. (Within its
+    --max-node-provision-time: the next test is what comes after.)"""
     groups = Groups(cluster, Group("l4", max_size=8))
     groups.add("l4-0")
     groups.publish = False
@@ -198,4 +206,28 @@ def test_a_node_that_never_publishes_its_slices_is_waited_for_not_asked_for_twic
         assert _conditions(again)["Provisioned"] == "True/CapacityIsFound"  # the node counts as coming
         assert groups.asked == [1]
         assert cluster.core.read_node("l4-1").metadata.labels[GROUP_LABEL] == "l4"  # there, Ready, dark
+    assert not any(cluster.ungated(f"dark-{i}") for i in range(3))
+
+
+def test_after_the_provision_timeout_a_dark_node_no_longer_counts_and_the_group_grows_again(
+    cluster: Cluster, controller: Callable[..., RunningController]
+) -> None:
+    """As the real cluster-autoscaler 1.36.1 did with a node whose agent never published: past
+    --max-node-provision-time the scale-up timed out, the group was backed off and asked to
+    decrease its target size (refused: the node registered), and the node stopped counting as
+    coming. Our request, made again after the booking expired, then finds no capacity while the
+    group is backed off, and grows the group by another node once the backoff is over."""
+    groups = Groups(cluster, Group("l4", max_size=8))
+    groups.add("l4-0")
+    groups.publish = False
+    _gang(cluster, "dark", 3)
+    controller(provisioning_requests=True, hint_profiles=("l4-2x",), provisioning_retry_seconds=0.5)
+    with AutoscalerDouble(
+        cluster.server.configuration(), groups, scan_seconds=0.2, booking_seconds=1.0, initial_backoff=0.5,
+        max_node_provision_seconds=1.5, group_backoff_seconds=2.0,
+    ) as double:  # fmt: skip
+        wait_for(lambda: len(groups.asked) == 2, what="the group grown a second time", timeout=60)
+        assert double.timed_out[:1] == ["l4"] and groups.asked == [1, 1]
+        assert cluster.core.read_node("l4-1").metadata.labels[GROUP_LABEL] == "l4"  # kept: it registered
+        assert not double.errors, double.errors
     assert not any(cluster.ungated(f"dark-{i}") for i in range(3))

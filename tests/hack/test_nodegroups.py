@@ -35,8 +35,9 @@ def cluster(tmp_path: Path) -> LocalCluster:
 
 
 def provider(
-    cluster: LocalCluster, started: list[list[NodeSpec]], *, fail: bool = False
-) -> NodeGroupProvider:
+    cluster: LocalCluster, started: list[list[NodeSpec]], *, fail: bool = False,
+    registered: set[str] | None = None,
+) -> NodeGroupProvider:  # fmt: skip
     def start(nodes: list[NodeSpec]) -> None:
         if fail:
             raise RuntimeError("containerd did not open its socket")
@@ -44,7 +45,10 @@ def provider(
         started.append(nodes)
 
     groups = [NodeGroup("h100", "h100-8x", max_size=3), NodeGroup("l4", "l4-2x", max_size=1)]
-    return NodeGroupProvider(cluster, binaries=None, groups=groups, start_nodes=start)  # type: ignore[arg-type]
+    return NodeGroupProvider(
+        cluster, binaries=None, groups=groups, start_nodes=start,  # type: ignore[arg-type]
+        registered_nodes=lambda: registered if registered is not None else set(),
+    )  # fmt: skip
 
 
 def wait(predicate: object, timeout: float = 10.0) -> None:
@@ -93,6 +97,29 @@ def test_a_replaced_group_starts_its_next_nodes_from_the_new_spec(cluster: Local
     assert groups.target_size("l4") == 2
     with pytest.raises(NodeGroupError, match="no node group 'other'"):
         groups.replace_group(NodeGroup("other", "l4-2x"))
+
+
+def test_decreasing_the_target_size_gives_up_only_nodes_not_registered(
+    cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """cluster-autoscaler reverts a scale-up that timed out by decreasing the target size; its
+    contract: never an existing node. Seen with a node that registered but never published."""
+    started: list[list[NodeSpec]] = []
+    registered: set[str] = set()
+    groups = provider(cluster, started, registered=registered)
+    stopped: list[str] = []
+    monkeypatch.setattr("localcluster.node.stop_node", lambda _cluster, node: stopped.append(node.name))
+    monkeypatch.setattr("localcluster.nodegroups.subprocess.run", lambda *a, **k: None)
+    first, second = groups.increase_size("h100", 2)
+    wait(lambda: len(started) == 1)
+    registered.add(first.node.name)  # its kubelet registered it; the other never came
+    with pytest.raises(NodeGroupError, match="1 node\\(s\\) not registered yet"):
+        groups.decrease_target_size("h100", -2)
+    assert groups.target_size("h100") == 2 and not stopped
+    groups.decrease_target_size("h100", -1)
+    assert stopped == [second.node.name] and groups.target_size("h100") == 1
+    with pytest.raises(NodeGroupError, match="must be negative"):
+        groups.decrease_target_size("h100", 1)
 
 
 def test_a_node_that_does_not_start_is_reported_on_its_instance(cluster: LocalCluster) -> None:
