@@ -48,6 +48,8 @@ from typing import Any, Protocol, cast
 
 from kubernetes import client
 
+from driver.allocator import ClusterState
+from driver.controller.gangs.nodefit import node_rejection
 from driver.controller.sizing.hints import build_template, compute_hint, existing_node_shapes
 from driver.kube import as_dict
 
@@ -247,6 +249,10 @@ class AutoscalerDouble:
         # Each group's template: a copy of one of its Ready nodes with its slices (none: no devices
         # seen in that group, as from zero: #10277). Its upcoming nodes (asked for, not Ready yet)
         # count as capacity there already, as cluster-autoscaler's simulation counts them.
+        # Its scheduler filters (NodeAffinity, TaintToleration): a node that refuses one of the pods
+        # takes none of them; a group whose template node refuses one is no option, nor are its
+        # coming nodes (copies of that node).
+        refused = {str(n["metadata"]["name"]) for n in nodes if any(node_rejection(pod, n) for pod in pods)}
         templates: dict[str, Any] = {}
         for group in self.provider.groups():
             # Ready with its slices: a Ready node without them is unready to cluster-autoscaler
@@ -254,23 +260,39 @@ class AutoscalerDouble:
             # only while the group's scale-up is active ("no active scale-up request" there).
             ready = _ready_with_slices(group.name, nodes, slices)
             shapes = existing_node_shapes(slices, ready[:1])
-            if not shapes:
+            if not shapes or str(ready[0]["metadata"]["name"]) in refused:
                 continue
             templates[group.name] = shapes[0]
             active = group.name in self._scale_ups
             upcoming = self.provider.target_size(group.name) - len(ready) if active else 0
+            log.info("autoscaler double: group %s: %d node(s) Ready with slices, %d coming (scale-up %s)",
+                     group.name, len(ready), max(0, upcoming), "active" if active else "none")  # fmt: skip
             for index in range(max(0, upcoming)):
                 name = f"upcoming-{group.name}-{index}"
                 extra, labels = build_template(shapes[0], name)
                 slices = [*slices, *extra]
                 nodes = [*nodes, {"metadata": {"name": name, "labels": labels}}]
+        # First the nodes there and those coming, with no new node (its filterOutSchedulable): the
+        # search below may prefer a new node to a coming one, which would grow the group twice.
+        there = ClusterState()
+        for device_class in classes:
+            there.upsert_class(device_class)
+        for resource_slice in slices:
+            there.upsert_slice(resource_slice)
+        for node in nodes:
+            there.upsert_node(str(node["metadata"]["name"]), dict(node["metadata"].get("labels") or {}))
+        for claim in allocated:
+            there.upsert_claim(claim)
+        if there.allocate(claims, pod_groups=pod_groups, exclude_nodes=refused) is not None:
+            return True, None, 0
         best: tuple[int, str] | None = None
         for group in self.provider.groups():
             if group.name not in templates or self._backoff_until.get(group.name, 0.0) > self.clock():
                 continue  # no template, or backed off after a scale-up that timed out
             hint = compute_hint(
                 claims, pod_groups=pod_groups, shapes=[templates[group.name]], cluster_slices=slices,
-                classes=classes, allocated_claims=allocated, nodes=nodes, max_nodes=group.max_size,
+                classes=classes, allocated_claims=allocated, nodes=nodes, exclude_nodes=frozenset(refused),
+                max_nodes=group.max_size,
             )  # fmt: skip
             if hint is None:
                 continue

@@ -141,3 +141,41 @@ def test_a_group_at_its_maximum_is_not_found_and_not_asked_twice(groups: Any, us
     events = list_items("events", "-n", user_namespace)
     assert any("CapacityIsNotFound" in (e.get("message") or "") for e in events)
     assert not double.errors, double.errors
+
+
+def test_a_node_whose_agent_never_publishes_is_waited_for_not_asked_for_twice(
+    groups: Any, user_namespace: str
+) -> None:
+    """The group's next node comes Ready, but our agent there cannot start (its fake profile names
+    none), so its slices never appear. Seen with the real cluster-autoscaler 1.36.1: it counts the
+    node as unready, still coming, and books the request's pods onto it; the booking expires, we ask
+    again, and within its --max-node-provision-time (15 minutes by default, more than the 10 of a
+    booking) it finds that same node and adds none. The gang waits, and ``fractional why`` names the
+    node. (Past that time it gives the node up and grows the group again:
+    tests/controller/test_autoscaling.py.)"""
+    import subprocess
+    import sys
+
+    from localcluster.nodegroups import NodeGroup
+
+    provider, double = groups
+    provider.replace_group(NodeGroup(GROUP, "no-such-profile", min_size=1, max_size=4))
+    double.booking_seconds = 20.0  # cluster-autoscaler's 10 minutes, shortened
+    free = 2 * provider.target_size(GROUP)  # every L4 of the group is free again
+    _gang("dark", free + 1, user_namespace)
+
+    def second_attempt() -> dict[str, Any] | None:
+        found = [r for r in _requests(user_namespace) if "-a1-" in r["metadata"]["name"]]
+        return found[0] if found and "Provisioned" in _conditions(found[0]) else None
+
+    again = wait_for(second_attempt, timeout=300, what="the request made again after the booking expired")
+    assert _conditions(again)["Provisioned"] == "True/CapacityIsFound"  # the dark node counts as coming
+    dark = [i for i in provider.instances(GROUP) if i.node.profile == "no-such-profile"]
+    assert len(dark) == 1 and provider.target_size(GROUP) == free // 2 + 1  # one node added, not two
+    assert all(p["spec"].get("schedulingGates") for p in list_items("pods", "-n", user_namespace))
+    why = subprocess.run(
+        [sys.executable, "-m", "driver", "why", f"{user_namespace}/dark-0"],
+        capture_output=True, text=True, timeout=60, check=True, cwd=REPO_ROOT,
+    ).stdout  # fmt: skip
+    assert f"{dark[0].node.name} (Ready, no fractional.dev devices published" in why, why
+    assert not double.errors, double.errors
