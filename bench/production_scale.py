@@ -351,13 +351,22 @@ def wait_ready(configuration: client.Configuration, nodes: int) -> None:
 
 @dataclass
 class Tracker:
-    """Per pod name: created (before the request), ungated and bound (first seen so on a watch)."""
+    """Per pod name: created (before the request), ungated and bound (first seen so on a watch).
+
+    The watch can fall behind: seen at 1,000 nodes after the churn, a gang's pods were bound (their
+    ``nodeName`` set) for over a minute before the watch said so, and the case stopped on its stall
+    with them counted unbound. So the watch has a client-side read timeout (a silent stream is cut
+    and listed again), and ``wait`` reads the pods still missing once before it gives up: a pod bound
+    meanwhile takes its bind time from its ``PodScheduled`` condition (seconds, the server's clock),
+    and is counted in ``late``."""
 
     api: client.ApiClient
     created: dict[str, float] = field(default_factory=dict)
     ungated: dict[str, float] = field(default_factory=dict)
     bound: dict[str, float] = field(default_factory=dict)
     binds: int = 0
+    late: int = 0  # binds the watch had not delivered when a wait ended: read from the pods
+    wall_offset: float = field(default_factory=lambda: time.time() - time.monotonic())
     lock: threading.Lock = field(default_factory=threading.Lock)
     stop: threading.Event = field(default_factory=threading.Event)
 
@@ -375,6 +384,7 @@ class Tracker:
                 response = core.list_namespaced_pod(
                     NAMESPACE, watch=True, resource_version=listing["metadata"]["resourceVersion"],
                     timeout_seconds=30, allow_watch_bookmarks=True, _preload_content=False,
+                    _request_timeout=(10, 40),
                 )  # fmt: skip
                 buffer = b""
                 for chunk in response.stream(65536):
@@ -418,8 +428,27 @@ class Tracker:
             if len(left) < left_before:
                 progress, left_before = now, len(left)
             if not left or now > deadline or now - progress > stall:
-                return left
+                return self.catch_up(left) if left else left
             time.sleep(0.05)
+
+    def catch_up(self, names: list[str]) -> list[str]:
+        """Of ``names`` (not seen bound), those still unbound after one read of the namespace."""
+        listing = json.loads(
+            client.CoreV1Api(self.api).list_namespaced_pod(NAMESPACE, _preload_content=False).data
+        )
+        found = bound_from_listing(listing["items"], set(names), self.wall_offset)
+        with self.lock:
+            for name, at in found.items():
+                if name not in self.bound:
+                    self.bound[name] = at
+                    self.binds += 1
+                    self.late += 1
+        if found:
+            print(
+                f"tracker: {len(found)} bind(s) the watch had not delivered, timed by PodScheduled",
+                flush=True,
+            )
+        return [n for n in names if n not in found]
 
     def latencies(self, names: list[str]) -> list[float]:
         with self.lock:
@@ -435,6 +464,24 @@ class Tracker:
     def bind_times(self, names: list[str]) -> list[float]:
         with self.lock:
             return sorted(self.bound[n] for n in names if n in self.bound)
+
+
+def bound_from_listing(pods: list[dict[str, Any]], names: set[str], wall_offset: float) -> dict[str, float]:
+    """Per pod of ``names`` bound in ``pods`` (a list's items): when, on the monotonic clock, from its
+    ``PodScheduled=True`` transition (``wall_offset``: wall clock minus monotonic clock)."""
+    found: dict[str, float] = {}
+    for pod in pods:
+        name = pod["metadata"]["name"]
+        if name not in names or not (pod.get("spec") or {}).get("nodeName"):
+            continue
+        for condition in (pod.get("status") or {}).get("conditions") or ():
+            if condition.get("type") == "PodScheduled" and condition.get("status") == "True":
+                stamp = datetime.fromisoformat(str(condition["lastTransitionTime"]).replace("Z", "+00:00"))
+                found[name] = stamp.timestamp() - wall_offset
+                break
+        else:
+            found[name] = time.monotonic()  # bound, its condition not written yet: now
+    return found
 
 
 def audit_requests(start: int) -> Counter[str]:
