@@ -357,15 +357,13 @@ class Tracker:
     ``nodeName`` set) for over a minute before the watch said so, and the case stopped on its stall
     with them counted unbound. So the watch has a client-side read timeout (a silent stream is cut
     and listed again), and ``wait`` reads the pods still missing once before it gives up: a pod bound
-    meanwhile takes its bind time from its ``PodScheduled`` condition (seconds, the server's clock),
-    and is counted in ``late``."""
+    meanwhile takes its bind time from its ``PodScheduled`` condition (seconds, the server's clock)."""
 
     api: client.ApiClient
     created: dict[str, float] = field(default_factory=dict)
     ungated: dict[str, float] = field(default_factory=dict)
     bound: dict[str, float] = field(default_factory=dict)
     binds: int = 0
-    late: int = 0  # binds the watch had not delivered when a wait ended: read from the pods
     wall_offset: float = field(default_factory=lambda: time.time() - time.monotonic())
     lock: threading.Lock = field(default_factory=threading.Lock)
     stop: threading.Event = field(default_factory=threading.Event)
@@ -442,7 +440,6 @@ class Tracker:
                 if name not in self.bound:
                     self.bound[name] = at
                     self.binds += 1
-                    self.late += 1
         if found:
             print(
                 f"tracker: {len(found)} bind(s) the watch had not delivered, timed by PodScheduled",
@@ -717,6 +714,7 @@ def case_churn(
 ) -> dict[str, Any]:
     rng = random.Random(7)
     arrivals: list[str] = []
+    arrived: set[str] = set()
     live = sorted(live)
     started = time.monotonic()
     ticks = int(seconds * rate)
@@ -730,11 +728,12 @@ def case_churn(
         # An arrival that bound and now departs keeps its bind time: forgetting it counted it as
         # unbound, the more so the faster a path binds (16 of ours at 1,000 nodes, 0-3 of
         # kube-scheduler's, while 91 nodes had all 8 GPUs free).
-        run.delete([gone], forget=not gone.startswith("c"))
+        run.delete([gone], forget=gone not in arrived)
         name = f"c{tick:05d}"
         plan[name] = shape
         run.create([(name, shape)], threads=1)
         arrivals.append(name)
+        arrived.add(name)
         with run.tracker.lock:  # what is bound by now may leave later
             live += [n for n in arrivals[-50:] if n in run.tracker.bound and n not in live and n in plan]
     run.tracker.wait(arrivals, 300)

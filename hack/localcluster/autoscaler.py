@@ -48,7 +48,7 @@ from typing import Any, Protocol, cast
 
 from kubernetes import client
 
-from driver.allocator import ClusterState
+from driver.allocator import allocate
 from driver.controller.gangs.nodefit import node_rejection
 from driver.controller.sizing.hints import build_template, compute_hint, existing_node_shapes
 from driver.kube import as_dict
@@ -274,16 +274,10 @@ class AutoscalerDouble:
                 nodes = [*nodes, {"metadata": {"name": name, "labels": labels}}]
         # First the nodes there and those coming, with no new node (its filterOutSchedulable): the
         # search below may prefer a new node to a coming one, which would grow the group twice.
-        there = ClusterState()
-        for device_class in classes:
-            there.upsert_class(device_class)
-        for resource_slice in slices:
-            there.upsert_slice(resource_slice)
-        for node in nodes:
-            there.upsert_node(str(node["metadata"]["name"]), dict(node["metadata"].get("labels") or {}))
-        for claim in allocated:
-            there.upsert_claim(claim)
-        if there.allocate(claims, pod_groups=pod_groups, exclude_nodes=refused) is not None:
+        labels = {str(n["metadata"]["name"]): dict(n["metadata"].get("labels") or {}) for n in nodes}
+        placed = allocate(claims, slices=slices, classes=classes, allocated=allocated, nodes=labels,
+                          pod_groups=pod_groups, exclude_nodes=refused)  # fmt: skip
+        if placed is not None:
             return True, None, 0
         best: tuple[int, str] | None = None
         for group in self.provider.groups():

@@ -25,6 +25,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from localcluster.cluster import Binaries, ClusterError, LocalCluster, NodeSpec
 
@@ -315,18 +316,7 @@ def wait_joined(
     return joined
 
 
-def _node_names(cluster: LocalCluster) -> set[str]:
-    from localcluster.node import kubectl_command
-
-    result = subprocess.run(
-        [*kubectl_command(cluster), "get", "nodes", "-o", "name"], capture_output=True, text=True, check=False
-    )
-    if result.returncode != 0:
-        raise ClusterError(f"kubectl get nodes: {result.stderr.strip()[-500:]}")
-    return {line.removeprefix("node/") for line in result.stdout.split()}
-
-
-def _ready_nodes(cluster: LocalCluster) -> set[str]:
+def _nodes(cluster: LocalCluster) -> list[dict[str, Any]]:
     from localcluster.node import kubectl_command
 
     result = subprocess.run(
@@ -334,9 +324,17 @@ def _ready_nodes(cluster: LocalCluster) -> set[str]:
     )
     if result.returncode != 0:
         raise ClusterError(f"kubectl get nodes: {result.stderr.strip()[-500:]}")
+    return list(json.loads(result.stdout)["items"])
+
+
+def _node_names(cluster: LocalCluster) -> set[str]:
+    return {item["metadata"]["name"] for item in _nodes(cluster)}
+
+
+def _ready_nodes(cluster: LocalCluster) -> set[str]:
     return {
         item["metadata"]["name"]
-        for item in json.loads(result.stdout)["items"]
+        for item in _nodes(cluster)
         for condition in item.get("status", {}).get("conditions", [])
         if condition["type"] == "Ready" and condition["status"] == "True"
     }
