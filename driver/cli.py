@@ -359,6 +359,28 @@ def _build_parser() -> argparse.ArgumentParser:
         help="evict lower-priority pods for a gated gang with a PriorityClass that does not fit",
     )  # fmt: skip
     p.add_argument(
+        "--consolidation", nargs="?", const=True, type=_switch("--consolidation"),
+        default=_env_bool("--consolidation", False),
+        help="move running pods that opted in (label fractional.dev/movable=true on the pod, its namespace "
+        "or its DeviceClass) so that a gated gang fits when no preemption serves it; off by default",
+    )  # fmt: skip
+    p.add_argument(
+        "--consolidation-min-runtime", type=float, default=_env_float("--consolidation-min-runtime", 600.0),
+        help="seconds a pod must have run before consolidation may move it",
+    )  # fmt: skip
+    p.add_argument(
+        "--consolidation-cooldown", type=float, default=_env_float("--consolidation-cooldown", 1800.0),
+        help="seconds after a move during which no other pod of the same owner is moved",
+    )  # fmt: skip
+    p.add_argument(
+        "--consolidation-max-moves", type=int, default=_env_int("--consolidation-max-moves", 16),
+        help="most pods one consolidation plan moves",
+    )  # fmt: skip
+    p.add_argument(
+        "--consolidation-search-ms", type=float, default=_env_float("--consolidation-search-ms", 250.0),
+        help="time budget of one plan search in milliseconds (also at most 64 allocator fit checks)",
+    )  # fmt: skip
+    p.add_argument(
         "--gang-sources", default=_env("--gang-sources", "auto"),
         help="where gangs are read from: comma list of podgroup, workload, fractional, coscheduling, kueue, "
         "lws, volcano (or upstream, markers, all); auto: upstream, ours and the markers the cluster serves",
@@ -574,6 +596,11 @@ def build_controller_config(args: argparse.Namespace) -> ControllerConfig:
         hint_profiles=tuple(args.hint_profile or _env_list("--hint-profile")),
         topology_label=args.topology_label,
         preemption=args.preemption,
+        consolidation=args.consolidation,
+        consolidation_min_runtime_seconds=args.consolidation_min_runtime,
+        consolidation_cooldown_seconds=args.consolidation_cooldown,
+        consolidation_max_moves=args.consolidation_max_moves,
+        consolidation_search_ms=args.consolidation_search_ms,
         gang_sources=args.gang_sources,
         allow_claim_backend_override=args.allow_claim_backend_override,
         allocation_guard_port=args.allocation_guard_port,

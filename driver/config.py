@@ -179,6 +179,12 @@ class ControllerConfig:
     hint_profiles: tuple[str, ...] = ()  # profile files/names for scale-up hints; empty = all shipped
     topology_label: str = "topology.kubernetes.io/zone"
     preemption: bool = True  # evict lower-priority pods for a gang that does not fit
+    # Move pods that opted in so that a gang fits when no preemption serves it (off by default).
+    consolidation: bool = False
+    consolidation_min_runtime_seconds: float = 600.0
+    consolidation_cooldown_seconds: float = 1800.0
+    consolidation_max_moves: int = 16
+    consolidation_search_ms: float = 250.0
     gang_sources: str = "auto"  # comma list (driver.gang_sources); auto: upstream, ours, markers
     allow_claim_backend_override: bool = True  # false: a claim naming its own backend is not allocated
     # The allocation guard (driver/controller/guard): the webhook kube-apiserver calls before it stores
@@ -208,6 +214,17 @@ class ControllerConfig:
             )
         _check_port("--metrics-port", self.metrics_port)
         _check_port("--allocation-guard-port", self.allocation_guard_port)
+        for flag, value in (
+            ("--consolidation-min-runtime", self.consolidation_min_runtime_seconds),
+            ("--consolidation-cooldown", self.consolidation_cooldown_seconds),
+        ):
+            if not (math.isfinite(value) and value >= 0):
+                raise ConfigError(
+                    field=f"{flag} ({env_name(flag)})",
+                    problem=f"{value} is not a number of seconds, 0 or more",
+                )
+        _check_positive("--consolidation-max-moves", self.consolidation_max_moves)
+        _check_positive("--consolidation-search-ms", self.consolidation_search_ms)
         if self.allocation_guard_port and self.allocation_guard_port == self.metrics_port:
             raise ConfigError(
                 field="--allocation-guard-port (FRACTIONAL_ALLOCATION_GUARD_PORT)",

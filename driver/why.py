@@ -54,6 +54,8 @@ __all__ = [
 ]
 
 KUEUE_GATE = "kueue.x-k8s.io/admission"
+CONSOLIDATING = "Consolidating"  # the controller's Events (driver/controller/consolidation/consolidator.py)
+CONSOLIDATION_BLOCKED = "ConsolidationBlocked"
 GPU_CLASS = "gpu.fractional.dev"
 CLOSEST = 5
 
@@ -355,12 +357,27 @@ def explain_pod(pod: dict[str, Any], view: ClusterView, *, policy: str = "best-f
         about.append(("Workload", gang_ref.name, None))
     related = [e for e in view.events if any(event_is_about(e, k, namespace, n, u) for k, n, u in about)]
     related.sort(key=_event_time)
+    lines += _consolidation_lines(pod, related)
     if related:
         lines.append("latest events:")
         for event in related[-3:]:
             text = event.get("message") or event.get("note")
             lines.append(f"  {event.get('reason')}: {text}")
     return lines
+
+
+def _consolidation_lines(pod: Mapping[str, Any], related: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The latest word of the consolidation about this gated pod (``related``: its events, oldest first)."""
+    said = [e for e in related if e.get("reason") in (CONSOLIDATING, CONSOLIDATION_BLOCKED)]
+    if not said or not is_gated(dict(pod)):
+        return []
+    latest = said[-1]
+    text = latest.get("message") or latest.get("note") or ""
+    if latest.get("reason") == CONSOLIDATING:
+        nominated = (pod.get("status") or {}).get("nominatedNodeName")
+        where = f" on node {nominated}" if nominated else ""
+        return [f"waits for a consolidation: pods are being moved to make room for it{where}", f"  {text}"]
+    return [f"consolidation: nothing moved for it: {text}"]
 
 
 def _usable_nodes(view: ClusterView, admitting: set[str]) -> list[dict[str, Any]]:

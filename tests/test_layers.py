@@ -90,10 +90,23 @@ CONTROLLER_LAYERS: dict[str, frozenset[str]] = {
     "kueue": frozenset({"model", "sizing", "writes"}),
     "gangs": frozenset({"model", "view", "metrics", "kueue"}),
     "preemption": frozenset({"model", "view", "writes", "metrics", "gangs"}),
+    "consolidation": frozenset({"model", "view", "writes", "metrics", "gangs", "preemption"}),
     "diagnosis": frozenset({"model", "sizing", "kueue", "gangs"}),
     "guard": frozenset({"model", "view", "metrics"}),
     "loop": frozenset(
-        {"model", "sizing", "view", "writes", "metrics", "kueue", "gangs", "preemption", "diagnosis", "guard"}
+        {
+            "model",
+            "sizing",
+            "view",
+            "writes",
+            "metrics",
+            "kueue",
+            "gangs",
+            "preemption",
+            "consolidation",
+            "diagnosis",
+            "guard",
+        }
     ),
 }
 # What only the demo and the tests run: never imported by the product.

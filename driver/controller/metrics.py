@@ -124,6 +124,44 @@ class ControllerMetrics:
             "Lower-priority pods evicted to make room for a gang.",
             registry=r,
         )
+        self.consolidation_plans = Counter(
+            "fractional_controller_consolidation_plans",
+            "Consolidation plans for gangs that did not fit and no preemption served, by outcome (tried: "
+            "a plan was searched; committed: its moves began).",
+            ["outcome"],
+            registry=r,
+        )
+        self.consolidation_refused = Counter(
+            "fractional_controller_consolidation_refused",
+            "Consolidations that did not happen or did not serve, by reason (capacity: free room does not "
+            "add up; no_movers; no_plan; eviction_refused: a PodDisruptionBudget or the server; api; "
+            "not_placed: the gang still did not fit once the moved pods left; reservation_expired: a "
+            "replacement never took its place).",
+            ["reason"],
+            registry=r,
+        )
+        self.consolidation_pods_moved = Counter(
+            "fractional_controller_consolidation_pods_moved",
+            "Pods evicted to be moved by consolidation.",
+            registry=r,
+        )
+        self.consolidation_gpus_freed = Counter(
+            "fractional_controller_consolidation_gpus_freed",
+            "GPUs the committed consolidation plans left wholly free for the gangs they served.",
+            registry=r,
+        )
+        self.consolidation_replacements = Counter(
+            "fractional_controller_consolidation_replacements",
+            "Replacements of moved pods placed on the room kept for them.",
+            ["outcome"],
+            registry=r,
+        )
+        self.consolidation_served_wait_seconds = Histogram(
+            "fractional_controller_consolidation_served_wait_seconds",
+            "From creation to placement of the gangs a consolidation served (their first pod).",
+            buckets=WAIT_SECONDS_BUCKETS,
+            registry=r,
+        )
         self.leader = Gauge("fractional_controller_leader", "1 while this replica leads.", registry=r)
         self.leadership_lost = Counter(
             "fractional_controller_leadership_lost",

@@ -27,6 +27,7 @@ from typing import Any
 
 from kubernetes import client
 
+from driver.controller.consolidation.consolidator import Consolidator
 from driver.controller.diagnosis.explain import share_memory_requests
 from driver.controller.gangs.watch import GangWatches
 from driver.controller.guard.review import AllocationGuard
@@ -486,10 +487,17 @@ class Controller:
             gate_seen=self._gate_seen,
             preemptor=Preemptor(
                 cache=self.cache, configuration=self._configuration, identity=self.identity, fence=self.fence,
-                metrics=self.metrics,
-            ) if self.settings.preemption else None,
+                metrics=self.metrics, search=self.settings.preemption,
+            ) if self.settings.preemption or self.settings.consolidation is not None else None,
             refusals=RefusedShares(cache=self.cache, configuration=self._configuration, fence=self.fence),
         )  # fmt: skip
+        if self.settings.consolidation is not None and self.reconciler.preemptor is not None:
+            self.reconciler.consolidator = Consolidator(
+                cache=self.cache, configuration=self._configuration, preemptor=self.reconciler.preemptor,
+                settings=self.settings.consolidation, identity=self.identity, fence=self.fence,
+                metrics=self.metrics,
+            )  # fmt: skip
+            self.reconciler.preemptor.consolidation_failed = self.reconciler.consolidator.back_off
         if self.settings.provisioning_requests:
             self.reconciler.provisioner = Provisioner(
                 cache=self.cache, metrics=self.metrics, provisioning_class=self.settings.provisioning_class,

@@ -32,6 +32,7 @@ from typing import Any
 
 from driver import DRIVER_NAME
 from driver.allocator import check_no_claim_backend
+from driver.controller.consolidation.consolidator import ConsolidationSettings, Consolidator
 from driver.controller.diagnosis.explain import best_node_offer, describe_demand
 from driver.controller.gangs.burst import decide_all
 from driver.controller.gangs.decide import Decision, static_exclusions
@@ -83,6 +84,8 @@ class ReconcilerSettings:
     provisioning_max_retry_seconds: float = 600.0
     topology_label: str = "topology.kubernetes.io/zone"
     preemption: bool = True  # evict lower-priority pods for a gang that does not fit (``Preemptor``)
+    # Move pods that opted in so that a gang fits when no preemption serves it (``Consolidator``); None: off.
+    consolidation: ConsolidationSettings | None = None
     # False: a claim whose own GpuConfig picks a sharing backend is refused (AllocationFailed naming the
     # field); the node's --sharing or the DeviceClass's config decides (sharing.allowClaimBackendOverride).
     allow_claim_backend_override: bool = True
@@ -124,7 +127,8 @@ class Reconciler:
     requeue_after: Callable[[str, float], None] = lambda key, seconds: None  # once, after that long
     capacity_freed: Callable[[], None] = lambda: None  # requeues the gangs waiting for room
     gate_seen: dict[str, float] = field(default_factory=dict)
-    preemptor: Preemptor | None = None  # None: --preemption=false
+    preemptor: Preemptor | None = None  # None: neither --preemption nor --consolidation
+    consolidator: Consolidator | None = None  # None: --consolidation off
     provisioner: Provisioner | None = None  # None: --provisioning-requests off
     refusals: RefusedShares | None = None  # None: refused shares are left to people
     latencies: list[float] = field(default_factory=list)
@@ -307,7 +311,7 @@ class Reconciler:
         whole pass holds ``cache.lock``: the nominated devices are held tentatively meanwhile)."""
         if self.preemptor is not None:
             with self.cache.lock:
-                if self.preemptor.nominations:
+                if self.preemptor.nominations or self.preemptor.reservations:
                     return self.preemptor.decide_all(
                         ready, policy=self.settings.policy, decide_all=decide_all
                     )
@@ -316,9 +320,16 @@ class Reconciler:
     def _unschedulable(self, writers: Writers, plan: GangPlan, decision: Decision, generation: int) -> None:
         """An unschedulable gang's job: make room by preemption (``Preemptor``), else say why not."""
         if self.preemptor is not None:
-            if self.preemptor.preempt(plan, policy=self.settings.policy):
+            stale = self.capacity_generation() != generation  # decided again: the change requeued it
+            if self.preemptor.preempt(plan, policy=self.settings.policy, stale=stale):
                 return  # victims are going; the release of their claims queues the gang again
-            if (seconds := self.preemptor.retry_in(plan.key)) is not None:
+            consolidator = self.consolidator
+            if consolidator is not None and consolidator.consolidate(plan, policy=self.settings.policy):
+                return  # the moved pods are going; the same
+            waits = [self.preemptor.retry_in(plan.key)]
+            if self.consolidator is not None:
+                waits.append(self.consolidator.retry_in(plan.key))
+            if (seconds := min((w for w in waits if w is not None), default=None)) is not None:
                 self.requeue_after(GANG_PREFIX + plan.key, seconds + 0.1)  # try again when it may
         self._explain(writers, plan, decision, generation)
 

@@ -34,6 +34,7 @@ from pathlib import Path
 from kubernetes import client
 
 from driver.config import ControllerConfig
+from driver.controller.consolidation import Budget, ConsolidationSettings, MoverRules
 from driver.controller.guard import GuardEndpoint, GuardServer
 from driver.controller.kueue.worker import KueueCheckSettings, start_admission_check
 from driver.controller.loop.controller import Controller
@@ -85,6 +86,17 @@ def settings_from_config(config: ControllerConfig) -> ReconcilerSettings:
         provisioning_max_retry_seconds=config.provisioning_max_retry_seconds,
         topology_label=config.topology_label,
         preemption=config.preemption,
+        consolidation=ConsolidationSettings(
+            rules=MoverRules(
+                min_runtime_seconds=config.consolidation_min_runtime_seconds,
+                cooldown_seconds=config.consolidation_cooldown_seconds,
+            ),
+            budget=Budget(
+                milliseconds=config.consolidation_search_ms, max_moves=config.consolidation_max_moves
+            ),
+        )
+        if config.consolidation
+        else None,
         allow_claim_backend_override=config.allow_claim_backend_override,
     )
 

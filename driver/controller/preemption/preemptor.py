@@ -97,6 +97,7 @@ EVENT_REASON_PREEMPTING = "Preempting"  # on the preemptor: the victims and the 
 EVENT_REASON_BLOCKED = "PreemptionBlocked"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 DEFAULT_SCHEDULER = "default-scheduler"
+REPLACES_ANNOTATION = "fractional.dev/replaces"  # consolidation's make-before-break mark (consolidator.py)
 
 
 def _now() -> str:
@@ -156,10 +157,27 @@ class Nomination:
     victim_pods: frozenset[str]  # "namespace/name" of every victim pod
     victim_claims: tuple[dict[str, Any], ...]
     deadline: float
+    source: str = "preemption"  # or "consolidation": the victims were moved, not preempted
+    created: str = ""  # the first gated pod's creationTimestamp (consolidation: its wait, once placed)
 
     @property
     def nodes(self) -> frozenset[str]:
         return frozenset(n for n in self.pod_nodes.values() if n)
+
+
+@dataclass
+class Reservation:
+    """The place a consolidation planned for the replacement of a moved pod: held against every
+    other gang until a new gated pod of ``owner_uid`` takes it, or ``deadline`` passes."""
+
+    owner_uid: str
+    node: str
+    allocations: tuple[tuple[dict[str, Any], dict[str, Any]], ...]  # (stand-in claim, allocation)
+    deadline: float
+    gang: GangKey  # the waiting gang the move served
+    # Make before break: the replacement comes from a new ReplicaSet; it is known by this value of
+    # its annotation fractional.dev/replaces (the Deployment's template carries it), not its owner.
+    token: str = ""
 
 
 @dataclass
@@ -188,6 +206,11 @@ class Preemptor:
     backoff_seconds: float = 10.0
     backoff_max_seconds: float = 300.0
     nominations: dict[GangKey, Nomination] = field(default_factory=dict)  # under cache.lock
+    # Places kept for the replacements of pods a consolidation moved, by id (under cache.lock).
+    reservations: dict[str, Reservation] = field(default_factory=dict)
+    search: bool = True  # False (--preemption=false): only consolidation's nominations are kept here
+    taken: dict[GangKey, str] = field(default_factory=dict)  # gang -> reservation its decision used
+    consolidation_failed: Callable[[GangKey, str], None] | None = None  # the consolidator's backoff
     backoff: dict[GangKey, _Backoff] = field(default_factory=dict)  # under cache.lock
     evicted: int = 0  # victim pods evicted so far
     last_choice: Choice | None = None
@@ -199,15 +222,51 @@ class Preemptor:
         return frozenset(g for g, n in self.nominations.items() if g != plan.key and n.priority >= priority)
 
     @contextmanager
-    def _holding(self, gangs: frozenset[GangKey]) -> Iterator[None]:
-        """Count the devices nominated to ``gangs`` as taken for the duration of the block."""
+    def _holding(self, gangs: frozenset[GangKey], *, lifted: str | None = None) -> Iterator[None]:
+        """Count the devices nominated to ``gangs``, and every reservation but ``lifted``, as taken
+        for the duration of the block."""
+        self._expire_reservations()
         pairs = [pair for gang in sorted(gangs) if gang in self.nominations
                  for pair in self.nominations[gang].allocations]  # fmt: skip
+        pairs += [pair for rid, kept in sorted(self.reservations.items()) if rid != lifted
+                  for pair in kept.allocations]  # fmt: skip
         if not pairs:
             yield
             return
         with tentative_allocations(self.cache, pairs):
             yield
+
+    @contextmanager
+    def holding_all(self) -> Iterator[None]:
+        """Every nomination and reservation held, for the block (a consolidation's plan is made
+        around them). Under ``cache.lock``."""
+        with self._holding(frozenset(self.nominations)):
+            yield
+
+    def _expire_reservations(self) -> None:
+        now = self.clock()
+        for rid in [rid for rid, r in self.reservations.items() if now >= r.deadline]:
+            gone = self.reservations.pop(rid)
+            log.info("reservation expired", extra={"owner": gone.owner_uid, "node": gone.node,
+                                                   "gang": gone.gang})  # fmt: skip
+            if self.metrics is not None:
+                self.metrics.consolidation_refused.labels(reason="reservation_expired").inc()
+
+    def _reservation_for(self, plan: GangPlan) -> str | None:
+        """The reservation a lone gated pod takes: one kept for its owner (its controller)."""
+        if not self.reservations or len(plan.gated) != 1:
+            return None
+        meta = plan.gated[0].get("metadata") or {}
+        token = (meta.get("annotations") or {}).get(REPLACES_ANNOTATION)
+        owner = next(
+            (str(r.get("uid")) for r in meta.get("ownerReferences") or () if r.get("controller")), None
+        )
+        for rid, kept in sorted(self.reservations.items()):
+            if (kept.token and kept.token == token) or (
+                not kept.token and owner is not None and kept.owner_uid == owner
+            ):
+                return rid
+        return None
 
     @contextmanager
     def holding_against(self, priority: int) -> Iterator[None]:
@@ -224,7 +283,7 @@ class Preemptor:
         """``decide_all`` with the nominations in force: a nominated gang goes to its nominated nodes
         when they have room; every other gang decides with the devices nominated to gangs of at least
         its priority counted as taken. One entry per plan, in order."""
-        if not self.nominations:
+        if not self.nominations and not self.reservations:
             return decide_all(self.cache, plans, policy=policy)
         from driver.controller.gangs.decide import assume_decision  # the pipelined decider's
 
@@ -232,6 +291,10 @@ class Preemptor:
         by_hold: dict[frozenset[GangKey], list[int]] = {}
         for index, plan in enumerate(plans):
             decision = self.nominated_decision(plan, policy=policy) if plan.key in self.nominations else None
+            if decision is None and (rid := self._reservation_for(plan)) is not None:
+                decision = self.reserved_decision(plan, rid, policy=policy)
+                if decision is not None:
+                    self.taken[plan.key] = rid
             if decision is not None:
                 assume_decision(self.cache, decision)
                 results[index] = decision
@@ -259,6 +322,20 @@ class Preemptor:
         pod_nodes = tuple((pod, group_node(group, by_claim)) for group in plan.groups for pod in group.pods)
         return Decision(outcome="allocated", allocations=tuple(chosen), pod_nodes=pod_nodes)
 
+    def reserved_decision(self, plan: GangPlan, rid: str, *, policy: str) -> Decision | None:
+        """The replacement of a moved pod, on the node its reservation keeps (with the reservation
+        lifted for it, every other hold in force), or None when it does not fit there."""
+        reservation = self.reservations[rid]
+        others = {str(n["metadata"]["name"]) for n in self.cache.objects(Kind.NODE)} - {reservation.node}
+        excluded = frozenset(others) | static_exclusions(self.cache, plan)
+        with self._holding(frozenset(self.nominations), lifted=rid):
+            chosen = allocate_groups(self.cache, plan.groups, policy=policy, exclude_nodes=excluded)
+        if chosen is None:
+            return None
+        by_claim = {str(object_key(c)): a for c, a in chosen}
+        pod_nodes = tuple((pod, group_node(group, by_claim)) for group in plan.groups for pod in group.pods)
+        return Decision(outcome="allocated", allocations=tuple(chosen), pod_nodes=pod_nodes)
+
     def retry_due(self, gang: GangKey) -> bool:
         """The gang backed off after a preemption that did not place it (someone else, kube-scheduler
         for an ungated pod, took what its victims freed), and that backoff has run out: it may try
@@ -273,13 +350,23 @@ class Preemptor:
             return None if state is None else max(0.0, state.until - self.clock())
 
     def placed(self, gangs: list[GangKey]) -> None:
-        """These gangs were allocated: their nominations and backoff end (one lock for the batch)."""
-        if not self.nominations and not self.backoff:
+        """These gangs were allocated: their nominations, reservations taken and backoff end (one
+        lock for the batch)."""
+        if not self.nominations and not self.backoff and not self.taken:
             return  # nothing to end: the decider need not wait for the lock
         with self.cache.lock:
             for gang in gangs:
-                if self.nominations.pop(gang, None) is not None:
-                    log.info("preemptor placed", extra={"gang": gang})
+                nomination = self.nominations.pop(gang, None)
+                if nomination is not None:
+                    log.info("preemptor placed", extra={"gang": gang, "source": nomination.source})
+                    if nomination.source == "consolidation" and self.metrics is not None:
+                        self.metrics.consolidation_served_wait_seconds.observe(_waited(nomination.created))
+                rid = self.taken.pop(gang, None)
+                if rid is not None and self.reservations.pop(rid, None) is not None:
+                    log.info("replacement placed on its reservation",
+                             extra={"gang": gang, "reservation": rid})  # fmt: skip
+                    if self.metrics is not None:
+                        self.metrics.consolidation_replacements.labels(outcome="reserved").inc()
                 self.backoff.pop(gang, None)
 
     # -- the job of an unschedulable gang (a writer thread) -----------------------------------------
@@ -305,8 +392,9 @@ class Preemptor:
         gang = str(self.cache.gang_key(dict(pod)))
         return None if gang.split("/", 1)[-1].startswith("pod:") else gang
 
-    def _fail(self, gang: GangKey, why: str, *, outcome: str = "gave_up") -> None:
-        self._count(outcome)
+    def _fail(self, gang: GangKey, why: str, *, outcome: str | None = "gave_up") -> None:
+        if outcome is not None:
+            self._count(outcome)
         with self.cache.lock:
             self.nominations.pop(gang, None)
             state = self.backoff.setdefault(gang, _Backoff())
@@ -315,20 +403,30 @@ class Preemptor:
             state.until = self.clock() + delay
         log.info("preemption backs off", extra={"gang": gang, "reason": bounded(why), "delay_seconds": delay})
 
-    def preempt(self, plan: GangPlan, *, policy: str) -> bool:
+    def preempt(self, plan: GangPlan, *, policy: str, stale: bool = False) -> bool:
         """Try to make room for an unschedulable gang; True while it waits for its victims to go
-        (the caller then says nothing more), False when it stays unschedulable."""
+        (the caller then says nothing more), False when it stays unschedulable. ``stale``: the
+        capacity changed after the gang was found unschedulable (the caller decides it again): a
+        nomination whose victims are gone meanwhile has not failed yet."""
         gang = plan.key
         with self.cache.lock:
             nomination = self.nominations.get(gang)
             pending = nomination is not None and self._victims_pending(nomination)
-            if pending and nomination is not None and self.clock() < nomination.deadline:
+            if nomination is not None and (pending or stale) and self.clock() < nomination.deadline:
                 return True
             backing_off = self.clock() < self.backoff.get(gang, _Backoff()).until
         if nomination is not None:
-            self._fail(gang, "still unschedulable after its victims were evicted")
+            if nomination.source == "consolidation":
+                if self.metrics is not None:
+                    self.metrics.consolidation_refused.labels(reason="not_placed").inc()
+                with self.cache.lock:
+                    self.nominations.pop(gang, None)
+                if self.consolidation_failed is not None:  # the consolidator backs off, not preemption
+                    self.consolidation_failed(gang, "still unschedulable after the pods moved for it left")
+            else:
+                self._fail(gang, "still unschedulable after its victims were evicted")
             return False
-        if backing_off or not plan.gated or preemption_refusal(plan.gated) is not None:
+        if not self.search or backing_off or not plan.gated or preemption_refusal(plan.gated) is not None:
             return False
         priority = gang_priority(plan.gated)
         with new_api_client(self.configuration) as api_client:
@@ -540,6 +638,14 @@ class Preemptor:
                 )  # fmt: skip
         except FractionalError as error:  # an Event is advice: losing one never stops the preemption
             log.warning("event not recorded", extra={"reason": reason, "error": bounded(error)})
+
+
+def _waited(created: str) -> float:
+    """Seconds since ``created`` (an RFC 3339 timestamp), 0 when unreadable."""
+    try:
+        return max(0.0, time.time() - datetime.fromisoformat(created.replace("Z", "+00:00")).timestamp())
+    except ValueError:
+        return 0.0
 
 
 def _claim_uid(claim: dict[str, Any]) -> str:

@@ -1,0 +1,297 @@
+"""Consolidation's pure parts: who may move (every guard), the plan search (fewest moves, least
+disruption, the budget), the room check and the count of GPUs freed."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from driver.controller.consolidation.consolidator import adds_up, devices_freed, surge_rollout
+from driver.controller.consolidation.movers import MoverRules, build_movers, controller_owner, pod_started
+from driver.controller.consolidation.search import Budget, Move, MovePlan, PlanCost, find_plan
+from driver.controller.preemption.victims import Placement
+
+NOW = 1_800_000_000.0
+HOUR_AGO = "2027-01-15T07:00:00Z"  # NOW is 2027-01-15T08:00:00Z
+RULES = MoverRules(min_runtime_seconds=600, cooldown_seconds=1800)
+RS = {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web", "uid": "rs-1", "controller": True}
+
+
+def pod(name: str, *, claims: tuple[str, ...] = (), owner: dict[str, Any] | None = RS, movable: bool = True,
+        priority: int = 0, started: str | None = HOUR_AGO, node: str | None = "n1",
+        namespace: str = "default") -> dict[str, Any]:  # fmt: skip
+    labels = {"fractional.dev/movable": "true"} if movable else {}
+    meta: dict[str, Any] = {"name": name, "namespace": namespace, "labels": labels, "uid": f"uid-{name}"}
+    if owner is not None:
+        meta["ownerReferences"] = [owner]
+    entries = [{"name": f"c{i}", "resourceClaimName": c} for i, c in enumerate(claims or (f"{name}-c",))]
+    spec: dict[str, Any] = {"priority": priority, "resourceClaims": entries}
+    if node:
+        spec["nodeName"] = node
+    status = {"phase": "Running", **({"startTime": started} if started else {})}
+    return {"metadata": meta, "spec": spec, "status": status}
+
+
+def claim(name: str, device: str, *, shared: bool = True, node: str = "n1", namespace: str = "default",
+          device_class: str = "gpu.fractional.dev") -> dict[str, Any]:  # fmt: skip
+    result: dict[str, Any] = {"driver": "fractional.dev", "pool": node, "device": device, "request": "gpu"}
+    if shared:
+        result["shareID"] = f"share-{name}"
+    selector = {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In",
+                                                         "values": [node]}]}]}  # fmt: skip
+    return {
+        "metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}"},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": device_class}}]}},
+        "status": {"allocation": {"devices": {"results": [result]}, "nodeSelector": selector}},
+    }
+
+
+def movers_of(
+    pods: list[dict[str, Any]], claims: list[dict[str, Any]], **kwargs: Any
+) -> tuple[list[Any], Any]:
+    options: dict[str, Any] = {"waiting_priority": 0, "now": NOW, "rules": RULES, **kwargs}
+    return build_movers(pods, {f"default/{c['metadata']['name']}": c for c in claims}, **options)
+
+
+def test_the_fixture_clock_is_an_hour_after_the_start() -> None:
+    assert NOW - (pod_started(pod("a")) or 0) == 3600
+
+
+def test_a_movable_pod_of_a_replicaset_is_a_mover_with_its_device() -> None:
+    movers, refusals = movers_of([pod("a")], [claim("a-c", "gpu-0")])
+    (mover,) = movers
+    assert mover.key == "default/a" and mover.owner == "ReplicaSet/web" and mover.owner_uid == "rs-1"
+    assert mover.devices == {("fractional.dev", "n1", "gpu-0")} and not mover.whole and not mover.spare
+    assert refusals.counts == {}
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"owner": None}, "owner"),
+        ({"owner": {**RS, "kind": "Node"}}, "owner"),
+        ({"owner": {**RS, "controller": False}}, "owner"),
+        ({"movable": False}, "not_opted_in"),
+        ({"priority": 10}, "priority"),
+        ({"started": "2027-01-15T07:55:00Z"}, "min_runtime"),
+        ({"started": None}, "min_runtime"),
+        ({"node": None}, "state"),
+    ],
+)
+def test_each_guard_refuses_with_its_reason(change: dict[str, Any], reason: str) -> None:
+    movers, refusals = movers_of([pod("a", **change)], [claim("a-c", "gpu-0")])
+    assert movers == [] and refusals.counts == {reason: 1}
+
+
+def test_a_pod_of_equal_priority_moves_for_the_waiting_one_and_a_higher_one_does_not() -> None:
+    assert movers_of([pod("a", priority=5)], [claim("a-c", "gpu-0")], waiting_priority=5)[0]
+    assert not movers_of([pod("a", priority=6)], [claim("a-c", "gpu-0")], waiting_priority=5)[0]
+
+
+def test_the_owner_cooldown_holds_its_pods() -> None:
+    moved_at = {"rs-1": NOW - 60}.get
+    movers, refusals = movers_of([pod("a")], [claim("a-c", "gpu-0")], moved_at=moved_at)
+    assert movers == [] and refusals.counts == {"cooldown": 1}
+    long_ago = {"rs-1": NOW - 3600}.get
+    assert movers_of([pod("a")], [claim("a-c", "gpu-0")], moved_at=long_ago)[0]
+
+
+def test_a_gang_member_moves_only_when_its_gang_keeps_its_minimum() -> None:
+    for room, moves in ((0, False), (1, True)):
+        movers, refusals = movers_of([pod("a")], [claim("a-c", "gpu-0")], gang_room=lambda p, r=room: r)
+        assert bool(movers) is moves
+        assert refusals.counts == ({} if moves else {"gang": 1})
+
+
+def test_a_namespace_or_every_device_class_of_its_claims_opts_a_pod_in() -> None:
+    pods, claims = [pod("a", movable=False)], [claim("a-c", "gpu-0")]
+    assert movers_of(pods, claims, movable_namespaces=frozenset({"default"}))[0]
+    assert movers_of(pods, claims, movable_classes=frozenset({"gpu.fractional.dev"}))[0]
+    assert not movers_of(pods, claims, movable_classes=frozenset({"other"}))[0]
+
+
+def test_pods_sharing_a_claim_move_together_and_a_spare_replica_is_seen() -> None:
+    pods = [pod("a", claims=("shared",)), pod("b", claims=("shared",)), pod("c")]
+    movers, _ = movers_of(pods, [claim("shared", "gpu-0"), claim("c-c", "gpu-1", shared=False)])
+    by_key = {m.key: m for m in movers}
+    assert set(by_key) == {"default/a", "default/c"}
+    assert [p["metadata"]["name"] for p in by_key["default/a"].pods] == ["a", "b"]
+    assert by_key["default/c"].whole and by_key["default/c"].spare  # two other pods of the owner run
+
+
+def test_a_pod_without_an_allocated_claim_is_not_a_mover_nor_refused() -> None:
+    unallocated = claim("a-c", "gpu-0")
+    del unallocated["status"]
+    assert movers_of([pod("a", movable=False)], [unallocated]) == ([], movers_of([], [])[1])
+
+
+def test_controller_owner_reads_only_the_controller_reference() -> None:
+    assert controller_owner(pod("a")) == RS
+    assert controller_owner(pod("a", owner={**RS, "controller": False})) is None
+
+
+# -- the search --------------------------------------------------------------------------------------
+
+
+def movers_on(layout: dict[str, list[tuple[str, bool]]]) -> list[Any]:
+    """layout: device -> [(pod name, shared)]; each pod its own claim, all on node n1."""
+    pods, claims = [], []
+    for device, holders in layout.items():
+        for name, shared in holders:
+            pods.append(pod(name))
+            claims.append(claim(f"{name}-c", device, shared=shared))
+    for p in pods:  # one owner per pod: no spare replica
+        p["metadata"]["ownerReferences"] = [{**RS, "uid": f"rs-{p['metadata']['name']}"}]
+    movers, _ = movers_of(pods, claims)
+    return movers
+
+
+def fits_when(*needed: set[str]) -> Any:
+    """A fit check that fits when the moved set holds one of ``needed`` (pod names)."""
+    calls: list[frozenset[str]] = []
+
+    def fits(moved: frozenset[str]) -> tuple[Placement, tuple[Move, ...]] | None:
+        calls.append(moved)
+        names = {k.split("/", 1)[1] for k in moved}
+        if any(n <= names for n in needed):
+            moves = tuple(Move(mover=k, node="n1", allocations=()) for k in sorted(moved))
+            return Placement(allocations=(), pod_nodes=()), moves
+        return None
+
+    fits.calls = calls  # type: ignore[attr-defined]
+    return fits
+
+
+def test_the_fewest_moves_win() -> None:
+    movers = movers_on({"gpu-0": [("a", True), ("b", True)], "gpu-1": [("c", True)]})
+    found = find_plan(movers, fits=fits_when({"a", "b"}, {"c"}))
+    assert found is not None and [m.key for m in found.movers] == ["default/c"]
+    assert found.cost.pods_moved == 1
+
+
+def test_a_share_moves_before_a_whole_gpu_pod() -> None:
+    movers = movers_on({"gpu-0": [("whole", False)], "gpu-1": [("share", True)]})
+    found = find_plan(movers, fits=fits_when({"whole"}, {"share"}))
+    assert found is not None and [m.key for m in found.movers] == ["default/share"]
+
+
+def test_a_pod_with_a_spare_replica_moves_first() -> None:
+    movers = movers_on({"gpu-0": [("a", True)], "gpu-1": [("b", True)]})
+    by_key = {m.key: m for m in movers}
+    with_spare = [by_key["default/a"], replace(by_key["default/b"], spare=True)]
+    found = find_plan(with_spare, fits=fits_when({"a"}, {"b"}))
+    assert found is not None and [m.key for m in found.movers] == ["default/b"]
+
+
+def test_steps_grow_until_it_fits_then_movers_not_needed_are_handed_back() -> None:
+    layout = {f"gpu-{i}": [(f"p{i}", True)] for i in range(6)}
+    found = find_plan(movers_on(layout), fits=fits_when({"p1", "p4"}))
+    assert found is not None and sorted(m.key for m in found.movers) == ["default/p1", "default/p4"]
+
+
+def test_nothing_fits_no_plan() -> None:
+    assert find_plan(movers_on({"gpu-0": [("a", True)]}), fits=fits_when({"zzz"})) is None
+    assert find_plan([], fits=fits_when(set())) is None
+
+
+def test_max_moves_bounds_the_plan() -> None:
+    layout = {f"gpu-{i}": [(f"p{i}", True)] for i in range(6)}
+    needed = {f"p{i}" for i in range(6)}
+    assert find_plan(movers_on(layout), fits=fits_when(needed), budget=Budget(max_moves=5)) is None
+    found = find_plan(movers_on(layout), fits=fits_when(needed), budget=Budget(max_moves=6))
+    assert found is not None and found.cost.pods_moved == 6
+
+
+def test_the_budget_of_fit_checks_ends_the_search() -> None:
+    layout = {f"gpu-{i}": [(f"p{i}", True)] for i in range(20)}
+    fits = fits_when({"p19", "p0", "p7"})
+    find_plan(movers_on(layout), fits=fits, budget=Budget(fit_checks=5, max_moves=20))
+    assert len(fits.calls) <= 5
+
+
+def test_the_time_budget_ends_the_search() -> None:
+    ticks = iter(range(0, 10_000, 100))  # 100 ms per reading of the clock
+    layout = {f"gpu-{i}": [(f"p{i}", True)] for i in range(20)}
+    fits = fits_when({"p19", "p0", "p7"})
+    find_plan(movers_on(layout), fits=fits, budget=Budget(milliseconds=250, max_moves=20),
+              clock=lambda: next(ticks) / 1000)  # fmt: skip
+    assert len(fits.calls) <= 3
+
+
+# -- room and GPUs freed -----------------------------------------------------------------------------
+
+GIB = 1 << 30
+
+
+def device(free: int, total: int = 40 * GIB, exclusive: bool = False) -> dict[str, Any]:
+    return {"memory_bytes_free": free, "memory_bytes_total": total, "exclusive": exclusive}
+
+
+def gpu_claim_asking(memory: str | None, count: int = 1) -> dict[str, Any]:
+    exactly: dict[str, Any] = {"deviceClassName": "gpu.fractional.dev", "count": count}
+    if memory:
+        exactly["capacity"] = {"requests": {"memory": memory}}
+    return {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}}
+
+
+def test_room_adds_up_only_on_the_nodes_the_gang_may_use() -> None:
+    summary = {"n1": {"gpu-0": device(30 * GIB), "gpu-1": device(30 * GIB)},
+               "n2": {"gpu-0": device(40 * GIB)}}  # fmt: skip
+    assert adds_up(summary, ["n1"], [gpu_claim_asking(None)])  # 60 GiB free for one whole 40 GiB GPU
+    assert not adds_up(summary, ["n1"], [gpu_claim_asking(None, count=2)])
+    assert adds_up(summary, ["n1", "n2"], [gpu_claim_asking(None, count=2)])
+    assert not adds_up({"n1": {"gpu-0": device(0, exclusive=True)}}, ["n1"], [gpu_claim_asking("1Gi")])
+    assert adds_up(summary, ["n1"], [gpu_claim_asking("50Gi")])  # in total; the search decides the rest
+
+
+def test_gpus_freed_counts_devices_left_empty_and_not_landed_on() -> None:
+    movers = movers_on({"gpu-0": [("a", True)], "gpu-1": [("b", True)]})
+    placement = Placement(allocations=(), pod_nodes=())
+    landing = {"devices": {"results": [{"driver": "fractional.dev", "pool": "n1", "device": "gpu-1"}]}}
+    plan = MovePlan(movers=(movers[0],), moves=(Move("default/a", "n1", (({}, landing),)),),
+                    placement=placement, cost=PlanCost(1, 1, 0, 1))  # fmt: skip
+    gpu0, gpu1 = ("fractional.dev", "n1", "gpu-0"), ("fractional.dev", "n1", "gpu-1")
+    assert devices_freed(plan, {gpu0: 1, gpu1: 1}) == 1
+    assert devices_freed(plan, {gpu0: 2, gpu1: 1}) == 0  # another claim stays on gpu-0
+
+
+def deployment(replicas: int = 1, **rolling: Any) -> dict[str, Any]:
+    strategy: dict[str, Any] = {"type": "RollingUpdate"}
+    if rolling:
+        strategy["rollingUpdate"] = rolling
+    return {
+        "metadata": {"name": "web", "namespace": "default"},
+        "spec": {"replicas": replicas, "strategy": strategy},
+    }
+
+
+@pytest.mark.parametrize(
+    ("body", "surge"),
+    [
+        (deployment(), 1),  # the defaults, 25 % each: surge rounds up to 1, unavailable down to 0
+        (deployment(maxSurge=2, maxUnavailable=0), 2),
+        (deployment(maxSurge="50%", maxUnavailable="0%"), 1),
+        (deployment(maxSurge=0, maxUnavailable=1), None),  # break before make
+        (deployment(maxSurge=1, maxUnavailable="100%"), None),
+        (deployment(replicas=2), None),  # a spare replica: evicted, the other serves meanwhile
+        ({**deployment(), "spec": {**deployment()["spec"], "paused": True}}, None),
+        ({**deployment(), "spec": {"replicas": 1, "strategy": {"type": "Recreate"}}}, None),
+        (deployment(maxSurge="lots"), None),
+    ],
+)
+def test_make_before_break_only_where_the_deployment_surges_without_unavailability(
+    body: dict[str, Any], surge: int | None
+) -> None:
+    rollout = surge_rollout(body)
+    assert (rollout.surge if rollout is not None else None) == surge
+    if rollout is not None:
+        assert (rollout.namespace, rollout.deployment) == ("default", "web")
+
+
+def test_the_preemptor_knows_the_make_before_break_mark_by_the_same_name() -> None:
+    from driver.controller.consolidation.consolidator import REPLACES_ANNOTATION
+    from driver.controller.preemption import preemptor
+
+    assert preemptor.REPLACES_ANNOTATION == REPLACES_ANNOTATION
