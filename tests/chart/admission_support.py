@@ -100,6 +100,7 @@ _KINDS = {
     ("", "pods"): ("", "v1", "Pod"),
     ("resource.k8s.io", "resourceclaims"): ("resource.k8s.io", "v1", "ResourceClaim"),
     ("resource.k8s.io", "resourceslices"): ("resource.k8s.io", "v1", "ResourceSlice"),
+    ("apps", "deployments"): ("apps", "v1", "Deployment"),
 }
 
 _SUBRESOURCE_KINDS = {("", "pods", "eviction"): ("policy", "v1", "Eviction")}

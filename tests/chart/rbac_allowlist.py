@@ -322,6 +322,41 @@ PROVISIONING_REQUESTS: tuple[Grant, ...] = (
     ),
 )
 
+# Only with controller.consolidation.enabled=true (docs/consolidation.md).
+CONSOLIDATION: tuple[Grant, ...] = (
+    Grant(
+        "controller",
+        "cluster",
+        "",
+        "namespaces",
+        ("list",),
+        "--consolidation: the namespaces whose label fractional.dev/movable=true opts their pods in "
+        "(driver/controller/consolidation/consolidator.py)",
+        ("driver/controller/consolidation/consolidator.py",),
+    ),
+    Grant(
+        "controller",
+        "cluster",
+        "apps",
+        "replicasets",
+        ("get",),
+        "--consolidation, make before break: the ReplicaSet of a pod with no spare replica, for its "
+        "Deployment (driver/controller/consolidation/consolidator.py)",
+        ("driver/controller/consolidation/consolidator.py",),
+    ),
+    Grant(
+        "controller",
+        "cluster",
+        "apps",
+        "deployments",
+        ("get", "patch"),
+        "--consolidation, make before break: read the Deployment's rolling update, then set the "
+        "annotation fractional.dev/replaces on its pod template, nothing else (the controller-deployments "
+        "policy) (driver/controller/consolidation/consolidator.py)",
+        ("driver/controller/consolidation/consolidator.py",),
+    ),
+)
+
 _KUEUE_CHECK = ("driver/controller/kueue/worker.py", "driver/controller/kueue/watch.py")
 
 # Only with controller.kueueAdmissionCheck.enabled=true (docs/kueue.md).

@@ -87,8 +87,11 @@ def test_lint_reports_no_errors_or_warnings(values_name: str) -> None:
 
 @pytest.mark.parametrize("values_name", sorted(VALUES_FILES))
 def test_renders_every_component(values_name: str) -> None:
-    objects = render_chart(load_values(values_name))
+    values = load_values(values_name)
+    objects = render_chart(values)
     kinds = sorted(o["kind"] for o in objects)
+    # With consolidation on, one more: the Deployments' pod template annotation (make before break).
+    policies = 5 + bool(((values or {}).get("controller") or {}).get("consolidation", {}).get("enabled"))
     for kind, count in {
         "DaemonSet": 1,
         "Deployment": 1,
@@ -105,8 +108,8 @@ def test_renders_every_component(values_name: str) -> None:
         "DeviceClass": 2,
         # The agent's ResourceSlices, the controller's pods, pods' status (preemption), evictions and
         # claims (the agent's claim-status policy only before 1.36; Helm renders offline for 1.36).
-        "ValidatingAdmissionPolicy": 5,
-        "ValidatingAdmissionPolicyBinding": 5,
+        "ValidatingAdmissionPolicy": policies,
+        "ValidatingAdmissionPolicyBinding": policies,
         # The scheduling gate added to pods with claims, and to pods without claims in namespaces
         # that opt in (autoGate).
         "MutatingAdmissionPolicy": 2,

@@ -96,6 +96,7 @@ def test_which_policies_render_for_which_version() -> None:
         name.endswith("-claim-status")
         for name in _policies({"admissionPolicy": {"agentClaimStatus": "authorizer"}})
     )
+    assert any(name.endswith("-controller-deployments") for name in _policies(CONSOLIDATING))
     assert _policies({"admissionPolicy": {"enabled": False}}) == {}
     controllerless = _policies({"controller": {"enabled": False}})
     assert not any("-controller-" in name for name in controllerless)
@@ -387,6 +388,7 @@ def _decide(
     group = source["apiVersion"].split("/")[0] if "/" in source["apiVersion"] else ""
     resource = {
         "Pod": "pods",
+        "Deployment": "deployments",
         "ResourceClaim": "resourceclaims",
         "ResourceSlice": "resourceslices",
     }[source["kind"]]
@@ -1494,3 +1496,87 @@ def test_agent_claim_fields_the_server_resets_are_denied_anyway(
     assert decision.applies and decision.errors == () and any(fragment in m for m in decision.denials), (
         decision
     )
+
+
+# -- consolidation's make before break: a Deployment's pod template annotation -------------------------
+
+CONSOLIDATING = {"controller": {"consolidation": {"enabled": True}}}
+
+
+def stored_deployment(annotations: Obj | None = None) -> Obj:
+    template: Obj = {"metadata": {"labels": {"app": "web"}},
+                     "spec": {"containers": [{"name": "main", "image": "example.com/web:1"}]}}  # fmt: skip
+    if annotations is not None:
+        template["metadata"]["annotations"] = annotations
+    return {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "web", "namespace": "team", "uid": "d-1", "generation": 3,
+                     "resourceVersion": "41", "labels": {"app": "web"}},
+        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "web"}}, "template": template,
+                 "strategy": {"type": "RollingUpdate",
+                              "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}},
+        "status": {"replicas": 1},
+    }  # fmt: skip
+
+
+def _rolled(old: Obj, patch: Obj) -> Obj:
+    """The server's view after our patch: the patch merged, generation bumped (a spec change)."""
+    new = apply_merge_patch(old, patch)
+    new["metadata"]["generation"] = old["metadata"]["generation"] + 1
+    return new
+
+
+@pytest.fixture(scope="module")
+def deployment_policy() -> Obj:
+    return _policy(_policies(CONSOLIDATING), "-controller-deployments")
+
+
+@pytest.mark.parametrize("annotations", [None, {"team": "x"}, {"fractional.dev/replaces": "an-older-uid"}])
+def test_the_controllers_make_before_break_patch_is_allowed(
+    deployment_policy: Obj, accounts: dict[str, str], annotations: Obj | None
+) -> None:
+    from driver.controller.consolidation.consolidator import rollout_patch
+
+    old = stored_deployment(annotations)
+    user = service_account_user(NAMESPACE, accounts["controller"])
+    decision = _decide(deployment_policy, user, old=old, obj=_rolled(old, rollout_patch("pod-uid-1")))
+    assert decision.applies and decision.allowed, decision
+
+
+DEPLOYMENT_FORBIDDEN: dict[str, tuple[Obj, str]] = {
+    "replicas": ({"spec": {"replicas": 0}}, "only the pod template"),
+    "strategy": ({"spec": {"strategy": {"type": "Recreate", "rollingUpdate": None}}},
+                 "only the pod template"),
+    "image": ({"spec": {"template": {"spec": {"containers": [{"name": "main", "image": "evil:1"}]}}}},
+              "pod spec"),
+    "template labels": ({"spec": {"template": {"metadata": {"labels": {"app": "other"}}}}}, "labels"),
+    "another annotation": ({"spec": {"template": {"metadata": {"annotations": {"x": "y"}}}}},
+                           "only the annotation fractional.dev/replaces"),
+    "metadata": ({"metadata": {"labels": {"app": "other"}}}, "metadata"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(DEPLOYMENT_FORBIDDEN))
+def test_any_other_deployment_change_by_the_controller_is_denied(
+    deployment_policy: Obj, accounts: dict[str, str], case: str
+) -> None:
+    patch, fragment = DEPLOYMENT_FORBIDDEN[case]
+    old = stored_deployment({"fractional.dev/replaces": "a"})
+    user = service_account_user(NAMESPACE, accounts["controller"])
+    decision = _decide(deployment_policy, user, old=old, obj=_rolled(old, patch))
+    assert decision.applies and decision.errors == () and decision.denials, decision
+    assert any(fragment in message for message in decision.denials), decision
+
+
+def test_removing_the_mark_is_denied_and_others_are_left_alone(
+    deployment_policy: Obj, accounts: dict[str, str]
+) -> None:
+    old = stored_deployment({"fractional.dev/replaces": "a"})
+    removed = _rolled(
+        old, {"spec": {"template": {"metadata": {"annotations": {"fractional.dev/replaces": None}}}}}
+    )
+    user = service_account_user(NAMESPACE, accounts["controller"])
+    decision = _decide(deployment_policy, user, old=old, obj=removed)
+    assert "the controller may not remove the annotation fractional.dev/replaces" in decision.denials
+    someone = {"username": "alice", "groups": ["system:authenticated"]}
+    assert not _decide(deployment_policy, someone, old=old, obj=removed).applies

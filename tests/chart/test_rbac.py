@@ -15,6 +15,7 @@ from chart_support import REPO_ROOT, VALUES_FILES, load_values, render_chart
 from rbac_allowlist import (
     AGENT_CODE,
     ALLOCATION_GUARD,
+    CONSOLIDATION,
     CONTROLLER_CODE,
     EXCLUDED_CODE,
     GRANTS,
@@ -67,6 +68,8 @@ def _grants_for(values: dict[str, Any] | None) -> list[Grant]:
         grants.extend(PROVISIONING_REQUESTS)
     if (values or {}).get("controller", {}).get("kueueAdmissionCheck", {}).get("enabled"):
         grants.extend(KUEUE_ADMISSION_CHECK)
+    if (values or {}).get("controller", {}).get("consolidation", {}).get("enabled"):
+        grants.extend(CONSOLIDATION)
     return grants
 
 
@@ -144,6 +147,7 @@ KINDS = {
     "persistent_volume_claim": ("", "persistentvolumeclaims"),
     "lease": ("coordination.k8s.io", "leases"),
     "deployment": ("apps", "deployments"),
+    "replica_set": ("apps", "replicasets"),
     "daemon_set": ("apps", "daemonsets"),
     "stateful_set": ("apps", "statefulsets"),
     "job": ("batch", "jobs"),
@@ -297,7 +301,7 @@ def _code_permissions(globs: Iterable[str]) -> dict[tuple[str, str, str], list[s
 
 
 def _all_grants() -> list[Grant]:
-    return [*GRANTS, *PROVISIONING_REQUESTS, *KUEUE_ADMISSION_CHECK]
+    return [*GRANTS, *PROVISIONING_REQUESTS, *KUEUE_ADMISSION_CHECK, *CONSOLIDATION]
 
 
 @pytest.mark.parametrize(("role", "globs"), [("agent", AGENT_CODE), ("controller", CONTROLLER_CODE)])
