@@ -381,6 +381,11 @@ def _build_parser() -> argparse.ArgumentParser:
         help="time budget of one plan search in milliseconds (also at most 64 allocator fit checks)",
     )  # fmt: skip
     p.add_argument(
+        "--consolidation-retry", type=float, default=_env_float("--consolidation-retry", 30.0),
+        help="seconds before a gang that consolidation could not serve (no plan, a refused move) is tried "
+        "again; doubling, up to 600",
+    )  # fmt: skip
+    p.add_argument(
         "--gang-sources", default=_env("--gang-sources", "auto"),
         help="where gangs are read from: comma list of podgroup, workload, fractional, coscheduling, kueue, "
         "lws, volcano (or upstream, markers, all); auto: upstream, ours and the markers the cluster serves",
@@ -601,6 +606,7 @@ def build_controller_config(args: argparse.Namespace) -> ControllerConfig:
         consolidation_cooldown_seconds=args.consolidation_cooldown,
         consolidation_max_moves=args.consolidation_max_moves,
         consolidation_search_ms=args.consolidation_search_ms,
+        consolidation_retry_seconds=args.consolidation_retry,
         gang_sources=args.gang_sources,
         allow_claim_backend_override=args.allow_claim_backend_override,
         allocation_guard_port=args.allocation_guard_port,

@@ -185,6 +185,7 @@ class ControllerConfig:
     consolidation_cooldown_seconds: float = 1800.0
     consolidation_max_moves: int = 16
     consolidation_search_ms: float = 250.0
+    consolidation_retry_seconds: float = 30.0  # after no plan or a refused move; doubling to 600
     gang_sources: str = "auto"  # comma list (driver.gang_sources); auto: upstream, ours, markers
     allow_claim_backend_override: bool = True  # false: a claim naming its own backend is not allocated
     # The allocation guard (driver/controller/guard): the webhook kube-apiserver calls before it stores
@@ -225,6 +226,7 @@ class ControllerConfig:
                 )
         _check_positive("--consolidation-max-moves", self.consolidation_max_moves)
         _check_positive("--consolidation-search-ms", self.consolidation_search_ms)
+        _check_positive("--consolidation-retry", self.consolidation_retry_seconds)
         if self.allocation_guard_port and self.allocation_guard_port == self.metrics_port:
             raise ConfigError(
                 field="--allocation-guard-port (FRACTIONAL_ALLOCATION_GUARD_PORT)",

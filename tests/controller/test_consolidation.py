@@ -304,3 +304,17 @@ def test_a_deployment_that_may_not_surge_is_evicted(
     create(cluster, "whole", memory=None)
     wait_for(lambda: not exists(cluster, "s1") or not exists(cluster, "s2"), what="one share evicted")
     assert "evicted; its owner makes the replacement" in events(cluster, "Consolidated")[0]["message"]
+
+
+def test_pods_that_reach_the_minimum_runtime_are_moved_when_the_backoff_runs_out(
+    cluster: Cluster, controller: Callable[..., RunningController]
+) -> None:
+    """Nothing about the gang or the capacity changes while the shares age: the end of the
+    consolidation's backoff alone decides the gang again (seen on 1.37.2: it waited forever)."""
+    controller(**{**SETTINGS, "consolidation_retry_seconds": 1.0})
+    spread(cluster, ago=55.0)
+    create(cluster, "whole", memory=None)
+    wait_for(lambda: events(cluster, "ConsolidationBlocked"), what="the refusal said")
+    assert "below the minimum runtime" in events(cluster, "ConsolidationBlocked")[0]["message"]
+    wait_for(lambda: not exists(cluster, "s1") or not exists(cluster, "s2"), what="one share moved")
+    wait_for(lambda: placed(cluster, "whole"), what="the whole-GPU pod placed")

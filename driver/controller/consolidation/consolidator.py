@@ -120,7 +120,9 @@ class ConsolidationSettings:
     rules: MoverRules = field(default_factory=MoverRules)
     budget: Budget = field(default_factory=Budget)
     reservation_seconds: float = 300.0  # a replacement not placed by then: its place is given up
-    backoff_seconds: float = 30.0  # after a plan was refused or found nothing; doubling
+    backoff_seconds: float = (
+        30.0  # after a plan was refused or found nothing; doubling (--consolidation-retry)
+    )
     backoff_max_seconds: float = 600.0
 
 
@@ -259,6 +261,14 @@ class Consolidator:
             "consolidation backs off", extra={"gang": gang, "reason": bounded(why), "delay_seconds": delay}
         )
 
+    def retry_due(self, gang: str) -> bool:
+        """The gang backed off after a consolidation that found no plan or was refused, and that
+        backoff has run out: it is decided again (and may be consolidated) though neither it nor
+        the capacity changed: its candidates may have aged past the minimum runtime, a budget may
+        allow a disruption now. Caller holds ``cache.lock``."""
+        state = self.backoff.get(gang)
+        return state is not None and state.failures > 0 and self.clock() >= state.until
+
     def retry_in(self, gang: str) -> float | None:
         with self.cache.lock:
             state = self.backoff.get(gang)
@@ -279,6 +289,7 @@ class Consolidator:
             pending = [c for g in plan.groups for c in g.pending_claims]
             if not adds_up(self.cache.state.free_summary(), usable, pending):
                 self._refused("capacity")
+                self.backoff.pop(gang, None)  # a capacity change decides it again, not a timer
                 return False  # no moving makes room that is not there: only new nodes help
         if self.metrics is not None:
             self.metrics.consolidation_plans.labels(outcome="tried").inc()

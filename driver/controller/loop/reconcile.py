@@ -340,6 +340,8 @@ class Reconciler:
         self.requeue(GANG_PREFIX + gang)
 
     def _retry_due(self, gang: GangKey) -> bool:
+        if self.consolidator is not None and self.consolidator.retry_due(gang):
+            return True  # its backoff is over: a plan may be found now (pods aged, budgets changed)
         return (self.preemptor is not None and self.preemptor.retry_due(gang)) or (
             self.provisioner is not None and self.provisioner.retry_due(gang)
         )

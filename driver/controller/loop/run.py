@@ -94,6 +94,7 @@ def settings_from_config(config: ControllerConfig) -> ReconcilerSettings:
             budget=Budget(
                 milliseconds=config.consolidation_search_ms, max_moves=config.consolidation_max_moves
             ),
+            backoff_seconds=config.consolidation_retry_seconds,
         )
         if config.consolidation
         else None,
