@@ -386,6 +386,27 @@ def _build_parser() -> argparse.ArgumentParser:
         "again; doubling, up to 600",
     )  # fmt: skip
     p.add_argument(
+        "--consolidation-schedule", nargs="?", const=True, type=_switch("--consolidation-schedule"),
+        default=_env_bool("--consolidation-schedule", False),
+        help="with --consolidation: also a scheduled pass that frees a whole GPU by moving its shares beside "
+        "others, when stranded GPU memory reaches --consolidation-schedule-stranded-ratio",
+    )  # fmt: skip
+    p.add_argument(
+        "--consolidation-schedule-window", default=_env("--consolidation-schedule-window", ""),
+        help="when the scheduled pass may run, HH:MM-HH:MM in UTC (e.g. 01:00-05:00); empty: any time",
+    )  # fmt: skip
+    p.add_argument(
+        "--consolidation-schedule-stranded-ratio", type=float,
+        default=_env_float("--consolidation-schedule-stranded-ratio", 0.25),
+        help="free GPU memory stranded on partly used GPUs, as a share of all GPU memory, that starts "
+        "the scheduled pass",
+    )  # fmt: skip
+    p.add_argument(
+        "--consolidation-schedule-interval", type=float,
+        default=_env_float("--consolidation-schedule-interval", 300.0),
+        help="seconds between two scheduled passes",
+    )  # fmt: skip
+    p.add_argument(
         "--gang-sources", default=_env("--gang-sources", "auto"),
         help="where gangs are read from: comma list of podgroup, workload, fractional, coscheduling, kueue, "
         "lws, volcano (or upstream, markers, all); auto: upstream, ours and the markers the cluster serves",
@@ -607,6 +628,10 @@ def build_controller_config(args: argparse.Namespace) -> ControllerConfig:
         consolidation_max_moves=args.consolidation_max_moves,
         consolidation_search_ms=args.consolidation_search_ms,
         consolidation_retry_seconds=args.consolidation_retry,
+        consolidation_schedule=args.consolidation_schedule,
+        consolidation_schedule_window=args.consolidation_schedule_window,
+        consolidation_schedule_stranded_ratio=args.consolidation_schedule_stranded_ratio,
+        consolidation_schedule_interval_seconds=args.consolidation_schedule_interval,
         gang_sources=args.gang_sources,
         allow_claim_backend_override=args.allow_claim_backend_override,
         allocation_guard_port=args.allocation_guard_port,

@@ -37,6 +37,25 @@ def env_name(flag: str) -> str:
     return "FRACTIONAL_" + flag.lstrip("-").replace("-", "_").upper()
 
 
+def parse_window(text: str) -> tuple[int, int] | None:
+    """ "HH:MM-HH:MM" (UTC) as minutes of the day; "" for any time. ValueError naming the problem."""
+    if not text.strip():
+        return None
+    try:
+        start, end = (part.strip() for part in text.split("-"))
+        minutes = []
+        for part in (start, end):
+            hours, mins = part.split(":")
+            if not (hours.isdigit() and mins.isdigit() and int(hours) < 24 and int(mins) < 60):
+                raise ValueError
+            minutes.append(int(hours) * 60 + int(mins))
+    except ValueError:
+        raise ValueError(f"{text!r} is not HH:MM-HH:MM (UTC), e.g. 01:00-05:00") from None
+    if minutes[0] == minutes[1]:
+        raise ValueError(f"{text!r} is an empty window (leave it empty for any time)")
+    return minutes[0], minutes[1]
+
+
 def _check_choice(flag: str, value: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise ConfigError(
@@ -186,6 +205,11 @@ class ControllerConfig:
     consolidation_max_moves: int = 16
     consolidation_search_ms: float = 250.0
     consolidation_retry_seconds: float = 30.0  # after no plan or a refused move; doubling to 600
+    # The scheduled pass: free a GPU when stranded memory reaches the ratio, in the UTC window.
+    consolidation_schedule: bool = False
+    consolidation_schedule_window: str = ""  # "HH:MM-HH:MM" UTC; empty: any time
+    consolidation_schedule_stranded_ratio: float = 0.25
+    consolidation_schedule_interval_seconds: float = 300.0
     gang_sources: str = "auto"  # comma list (driver.gang_sources); auto: upstream, ours, markers
     allow_claim_backend_override: bool = True  # false: a claim naming its own backend is not allocated
     # The allocation guard (driver/controller/guard): the webhook kube-apiserver calls before it stores
@@ -227,6 +251,20 @@ class ControllerConfig:
         _check_positive("--consolidation-max-moves", self.consolidation_max_moves)
         _check_positive("--consolidation-search-ms", self.consolidation_search_ms)
         _check_positive("--consolidation-retry", self.consolidation_retry_seconds)
+        _check_positive("--consolidation-schedule-interval", self.consolidation_schedule_interval_seconds)
+        if not 0 < self.consolidation_schedule_stranded_ratio <= 1:
+            flag = "--consolidation-schedule-stranded-ratio"
+            raise ConfigError(
+                field=f"{flag} ({env_name(flag)})",
+                problem=f"{self.consolidation_schedule_stranded_ratio} is not a share in (0, 1]",
+            )
+        try:
+            parse_window(self.consolidation_schedule_window)
+        except ValueError as error:
+            raise ConfigError(
+                field=f"--consolidation-schedule-window ({env_name('--consolidation-schedule-window')})",
+                problem=str(error),
+            ) from None
         if self.allocation_guard_port and self.allocation_guard_port == self.metrics_port:
             raise ConfigError(
                 field="--allocation-guard-port (FRACTIONAL_ALLOCATION_GUARD_PORT)",

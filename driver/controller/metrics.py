@@ -126,8 +126,9 @@ class ControllerMetrics:
         )
         self.consolidation_plans = Counter(
             "fractional_controller_consolidation_plans",
-            "Consolidation plans for gangs that did not fit and no preemption served, by outcome (tried: "
-            "a plan was searched; committed: its moves began).",
+            "Consolidation plans, by outcome: for gangs that did not fit and no preemption served (tried: "
+            "a plan was searched; committed: its moves began), and of the scheduled pass (scheduled_tried, "
+            "scheduled_committed).",
             ["outcome"],
             registry=r,
         )

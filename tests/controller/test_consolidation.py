@@ -9,6 +9,7 @@ GPUs taken whole: a whole-GPU pod of the same priority fits only once one share 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -318,3 +319,47 @@ def test_pods_that_reach_the_minimum_runtime_are_moved_when_the_backoff_runs_out
     assert "below the minimum runtime" in events(cluster, "ConsolidationBlocked")[0]["message"]
     wait_for(lambda: not exists(cluster, "s1") or not exists(cluster, "s2"), what="one share moved")
     wait_for(lambda: placed(cluster, "whole"), what="the whole-GPU pod placed")
+
+
+def test_the_scheduled_pass_frees_a_gpu_by_moving_a_share_beside_the_other(
+    cluster: Cluster, controller: Callable[..., RunningController]
+) -> None:
+    """No pod waits: with stranded memory past the threshold, the pass empties the GPU with the
+    fewest pods onto another partly used GPU (never onto a free one), with room kept for the
+    replacement. The shares are spread by a controller without the pass, then it takes over."""
+    setup = controller()
+    spread(cluster)
+    setup.shutdown()
+    controller(**SETTINGS, consolidation_schedule=True, consolidation_schedule_stranded_ratio=0.2,
+               consolidation_schedule_interval_seconds=1.0)  # fmt: skip
+    wait_for(lambda: not exists(cluster, "s1") or not exists(cluster, "s2"), what="one share moved")
+    wait_for(lambda: events(cluster, "Consolidated"), what="the move said")
+    (moved_event,) = events(cluster, "Consolidated")
+    assert "in a scheduled consolidation, to free a whole GPU" in moved_event["message"]
+    moved = moved_event["involvedObject"]["name"]
+    stays = "s2" if moved == "s1" else "s1"
+    replace(cluster, "s3")
+    wait_for(lambda: placed(cluster, "s3"), what="the replacement placed")
+    assert gpu_of(cluster, "s3") == gpu_of(cluster, stays)
+    create(cluster, "whole", memory=None)  # the freed GPU takes a whole-GPU pod, no move needed
+    wait_for(lambda: placed(cluster, "whole"), what="the whole-GPU pod placed")
+    assert len(events(cluster, "Consolidated")) == 1
+
+
+def test_the_scheduled_pass_waits_for_its_window(
+    cluster: Cluster, controller: Callable[..., RunningController]
+) -> None:
+    setup = controller()
+    spread(cluster)
+    setup.shutdown()
+    now = datetime.now(UTC)
+    start_at, end_at = now + timedelta(hours=2), now + timedelta(hours=3)
+    window = f"{start_at:%H:%M}-{end_at:%H:%M}"
+    schedule = {
+        "consolidation_schedule": True, "consolidation_schedule_stranded_ratio": 0.2,
+        "consolidation_schedule_interval_seconds": 1.0, "consolidation_schedule_window": window,
+    }  # fmt: skip
+    running = controller(**SETTINGS, **schedule)
+    time.sleep(5)  # two metrics refreshes (2 s each) that would have started the pass
+    assert running.thread.is_alive()
+    assert exists(cluster, "s1") and exists(cluster, "s2") and not events(cluster, "Consolidated")

@@ -8,10 +8,18 @@ from typing import Any
 
 import pytest
 
-from driver.controller.consolidation.consolidator import adds_up, devices_freed, surge_rollout
+from driver.config import ControllerConfig, parse_window
+from driver.controller.consolidation.consolidator import (
+    adds_up,
+    devices_freed,
+    in_window,
+    stranded_ratio,
+    surge_rollout,
+)
 from driver.controller.consolidation.movers import MoverRules, build_movers, controller_owner, pod_started
 from driver.controller.consolidation.search import Budget, Move, MovePlan, PlanCost, find_plan
 from driver.controller.preemption.victims import Placement
+from driver.errors import ConfigError
 
 NOW = 1_800_000_000.0
 HOUR_AGO = "2027-01-15T07:00:00Z"  # NOW is 2027-01-15T08:00:00Z
@@ -295,3 +303,35 @@ def test_the_preemptor_knows_the_make_before_break_mark_by_the_same_name() -> No
     from driver.controller.preemption import preemptor
 
     assert preemptor.REPLACES_ANNOTATION == REPLACES_ANNOTATION
+
+
+@pytest.mark.parametrize(
+    ("text", "window"),
+    [("", None), ("01:00-05:00", (60, 300)), ("22:30-02:15", (1350, 135)), (" 00:00 - 23:59 ", (0, 1439))],
+)
+def test_the_schedule_window_is_read_in_utc_minutes(text: str, window: tuple[int, int] | None) -> None:
+    assert parse_window(text) == window
+
+
+@pytest.mark.parametrize("text", ["1-5", "25:00-26:00", "01:00-01:00", "01:00", "01:60-02:00", "a:b-c:d"])
+def test_a_bad_window_is_refused_naming_the_flag(text: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        ControllerConfig(consolidation_schedule_window=text)
+    assert "--consolidation-schedule-window" in str(raised.value)
+
+
+def test_a_window_past_midnight_wraps() -> None:
+    window = (22 * 60, 2 * 60)
+    assert in_window(window, 23 * 60) and in_window(window, 60) and not in_window(window, 12 * 60)
+    assert in_window(None, 0) and in_window((60, 120), 60) and not in_window((60, 120), 120)
+
+
+def test_stranded_memory_counts_free_memory_on_partly_used_gpus_only() -> None:
+    summary = {"n1": {
+        "gpu-0": {**device(30 * GIB), "shares": 1},  # 30 stranded
+        "gpu-1": {**device(40 * GIB), "shares": 0},  # free: not stranded
+        "gpu-2": {**device(0, exclusive=True), "shares": 0},
+        "gpu-3": {**device(10 * GIB), "shares": 3},  # 10 stranded
+    }}  # fmt: skip
+    assert stranded_ratio(summary) == pytest.approx(40 / 160)
+    assert stranded_ratio({}) == 0.0

@@ -150,7 +150,7 @@ def test_a_share_of_a_deployment_moves_beside_the_other_and_the_whole_gpu_pod_ru
     the waiting pod says why."""
     namespace = room
     shares = _spread(namespace, [_deployment("shares", replicas=1)])
-    apply([_pod("big", "whole")], namespace)
+    apply([_pod("big", "whole", labels={"app": "big"})], namespace)
     if min(_age(p) for p in _running(namespace, "app=shares")) < MIN_RUNTIME - 10:
         blocked = wait_for(lambda: _events(namespace, "ConsolidationBlocked"), timeout=60,
                            what="the refusal said")  # fmt: skip
@@ -178,7 +178,7 @@ def test_a_budget_that_allows_no_disruption_keeps_every_share(room: str) -> None
             "spec": budget}], namespace)  # fmt: skip
     wait_for(lambda: get("pdb", "shares", namespace).get("status", {}).get("currentHealthy") == 2, timeout=60,
              what="the disruption controller's count")  # fmt: skip
-    apply([_pod("big", "whole")], namespace)
+    apply([_pod("big", "whole", labels={"app": "big"})], namespace)
 
     def budget_said() -> bool:
         return any("PodDisruptionBudget" in e["message"] for e in _events(namespace, "ConsolidationBlocked"))
@@ -195,7 +195,7 @@ def test_a_one_replica_deployment_that_surges_is_replaced_before_its_pod_goes(ro
     one, so the Deployment never has less than one available replica."""
     namespace = room
     shares = _spread(namespace, [_deployment("one", replicas=1), _deployment("two", replicas=1)])
-    apply([_pod("big", "whole")], namespace)
+    apply([_pod("big", "whole", labels={"app": "big"})], namespace)
     lowest = 1
     deadline = time.monotonic() + 360
     while not _running(namespace, "app=big"):

@@ -38,6 +38,7 @@ from typing import Any
 
 from kubernetes import client
 
+from driver import DRIVER_NAME
 from driver.controller.consolidation.movers import (
     MOVABLE_LABEL,
     Mover,
@@ -45,7 +46,7 @@ from driver.controller.consolidation.movers import (
     build_movers,
 )
 from driver.controller.consolidation.movers import controller_owner as controller_of
-from driver.controller.consolidation.search import Budget, Move, MovePlan, find_plan
+from driver.controller.consolidation.search import Budget, Move, MovePlan, cost_of, find_plan
 from driver.controller.gangs.decide import (
     allocate_groups,
     group_node,
@@ -97,9 +98,12 @@ __all__ = [
     "Rollout",
     "ConsolidationSettings",
     "Consolidator",
+    "Schedule",
     "adds_up",
     "devices_freed",
+    "in_window",
     "rollout_patch",
+    "stranded_ratio",
     "surge_rollout",
 ]
 
@@ -110,13 +114,46 @@ EVENT_REASON_CONSOLIDATING = "Consolidating"  # on the waiting gang's pods: the 
 EVENT_REASON_CONSOLIDATED = "Consolidated"  # on each moved pod: why, and where its replacement goes
 EVENT_REASON_BLOCKED = "ConsolidationBlocked"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
+SCHEDULED = "scheduled"  # the reservations of the scheduled pass are kept under this key
 # On a Deployment's pod template, set for a make-before-break move: the moved pod's UID. Its
 # replacement carries it, and takes the room kept for it by this mark (its ReplicaSet is new).
 REPLACES_ANNOTATION = "fractional.dev/replaces"
 
 
 @dataclass(frozen=True, slots=True)
+class Schedule:
+    """The scheduled pass (off by default): when the share of free GPU memory stranded on partly
+    used GPUs reaches ``stranded_ratio``, within ``window`` (minutes of the UTC day, [start, end),
+    wrapping past midnight; None: any time), at most every ``interval_seconds``, free one GPU by
+    moving its shares beside others on partly used GPUs."""
+
+    enabled: bool = False
+    window: tuple[int, int] | None = None
+    stranded_ratio: float = 0.25
+    interval_seconds: float = 300.0
+
+
+def in_window(window: tuple[int, int] | None, minute: int) -> bool:
+    if window is None:
+        return True
+    start, end = window
+    return start <= minute < end if start < end else minute >= start or minute < end
+
+
+def stranded_ratio(free_summary: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> float:
+    """Free memory on partly used GPUs over all GPU memory (0 when there is none)."""
+    total = stranded = 0
+    for devices in free_summary.values():
+        for device in devices.values():
+            total += int(device.get("memory_bytes_total") or 0)
+            if device.get("shares") and not device.get("exclusive"):
+                stranded += int(device.get("memory_bytes_free") or 0)
+    return stranded / total if total else 0.0
+
+
+@dataclass(frozen=True, slots=True)
 class ConsolidationSettings:
+    schedule: Schedule = field(default_factory=Schedule)
     rules: MoverRules = field(default_factory=MoverRules)
     budget: Budget = field(default_factory=Budget)
     reservation_seconds: float = 300.0  # a replacement not placed by then: its place is given up
@@ -347,6 +384,164 @@ class Consolidator:
                 return False
             return self._execute(api_client, plan, found, freed, rollouts)
 
+    # -- the scheduled pass -----------------------------------------------------------------------
+
+    def defragment(self, *, policy: str) -> bool:
+        """The scheduled pass: free one GPU whose every holder may move and has a spare replica,
+        by moving its pods beside others on partly used GPUs (never onto a free GPU: that would
+        only reshuffle). True when the moves began."""
+        if self.metrics is not None:
+            self.metrics.consolidation_plans.labels(outcome="scheduled_tried").inc()
+        with new_api_client(self.configuration) as api_client:
+            try:
+                namespaces = self._movable_namespaces(api_client)
+                budgets = self._budgets(api_client)
+            except FractionalError as error:
+                self._refused("api")
+                log.info("scheduled consolidation skipped", extra={"error": bounded(error)})
+                return False
+            with self.cache.lock:
+                movers, _ = self._movers(None, namespaces, budgets)
+                found = self._drain_plan([m for m in movers if m.spare], policy)
+                if found is not None:
+                    deadline = self.clock() + self.settings.reservation_seconds
+                    by_key = {m.key: m for m in found.movers}
+                    for move in found.moves:
+                        self.preemptor.reservations[f"{SCHEDULED}:{move.mover}"] = Reservation(
+                            owner_uid=by_key[move.mover].owner_uid, node=move.node,
+                            allocations=move.allocations, deadline=deadline, gang=GangKey(SCHEDULED),
+                        )  # fmt: skip
+            if found is None:
+                self._refused("no_plan")
+                log.info("scheduled consolidation found nothing to free", extra={"movers": len(movers)})
+                return False
+            return self._execute_scheduled(client.CoreV1Api(api_client), found)
+
+    def _drain_plan(self, movers: list[Mover], policy: str) -> MovePlan | None:
+        """The cheapest GPU to empty (fewest pods on it) whose pods all find a place on another
+        partly used GPU, within the search budget. Under ``cache.lock``."""
+        state = self.cache.state
+        summary = state.free_summary()
+        holders = device_holders(
+            c for c in self.cache.objects(Kind.CLAIM) if (c.get("status") or {}).get("allocation")
+        )
+        by_device: dict[DeviceKey, list[Mover]] = {}
+        for mover in movers:
+            if not mover.whole:
+                for device in mover.devices:
+                    by_device.setdefault(device, []).append(mover)
+
+        def claims_on(device: DeviceKey, held: list[Mover]) -> int:
+            return sum(
+                1 for m in held for c in m.claims
+                if device in _result_devices((c.get("status") or {}).get("allocation") or {})
+            )  # fmt: skip
+
+        # Only a GPU whose every claim may move is emptied by moving them.
+        drainable = [(d, held) for d, held in by_device.items() if claims_on(d, held) >= holders.get(d, 0)]
+        drainable.sort(key=lambda entry: (cost_of(entry[1]), entry[0]))
+        free = [
+            (DRIVER_NAME, str(info.get("pool") or node), name)
+            for node, devices in summary.items() for name, info in devices.items()
+            if not info.get("shares") and not info.get("exclusive")
+        ]  # fmt: skip
+        nodes = {str(n["metadata"]["name"]): n for n in self.cache.objects(Kind.NODE)}
+        started = self.clock()
+        for checks, (device, held) in enumerate(drainable):
+            spent_ms = (self.clock() - started) * 1000.0
+            if checks >= self.settings.budget.fit_checks or spent_ms >= self.settings.budget.milliseconds:
+                break
+            if sum(len(m.pods) for m in held) > self.settings.budget.max_moves:
+                continue
+            moves = self._drain(held, [device, *free], nodes, policy)
+            if moves is not None:
+                chosen = tuple(sorted(held, key=lambda m: m.key))
+                return MovePlan(movers=chosen, moves=moves, placement=Placement((), ()), cost=cost_of(chosen),
+                                fit_checks=checks + 1)  # fmt: skip
+        return None
+
+    def _drain(
+        self, movers: list[Mover], kept: list[DeviceKey], nodes: Mapping[str, dict[str, Any]], policy: str
+    ) -> tuple[Move, ...] | None:
+        """Each mover placed again with its claims released and ``kept`` devices held whole."""
+        state = self.cache.state
+        released = [c for m in movers for c in m.claims]
+        for claim in released:
+            state.remove_claim(_claim_uid(claim))
+        usage: dict[str, Resources] = {}
+        freed: dict[str, Resources] = {}
+        for mover in movers:
+            for pod in mover.pods:
+                node = (pod.get("spec") or {}).get("nodeName")
+                if node:
+                    freed[node] = freed.get(node, Resources()) + pod_requests(pod)
+
+        def use(node: str, pods: Iterable[dict[str, Any]]) -> bool:
+            if node not in usage:
+                usage[node] = self.cache.node_usage(node) - freed.get(node, Resources())
+            for pod in pods:
+                usage[node] = usage[node] + pod_requests(pod)
+            return Resources().fits_within(node_allocatable(nodes[node]) - usage[node])
+
+        try:
+            with ExitStack() as held:
+                held.enter_context(tentative_allocations(self.cache, [_whole_hold(d) for d in kept]))
+                held.enter_context(self.preemptor.holding_all())
+                moves: list[Move] = []
+                for mover in sorted(movers, key=lambda m: m.key):
+                    move = self._place_mover(mover, nodes, use, policy)
+                    if move is None:
+                        return None
+                    held.enter_context(tentative_allocations(self.cache, list(move.allocations)))
+                    moves.append(move)
+                return tuple(moves)
+        finally:
+            for claim in released:
+                current = self.cache.get(Kind.CLAIM, str(object_key(claim)))
+                state.upsert_claim(current if current is not None else claim)
+
+    def _execute_scheduled(self, core: Any, found: MovePlan) -> bool:
+        """Evict the scheduled pass's pods (a dry run of all first), each with its Event."""
+        moves = {m.mover: m for m in found.moves}
+        for pod in (p for m in found.movers for p in m.pods):
+            try:
+                self._evict(core, pod, dry_run=True)
+            except NotFoundError:
+                continue
+            except FractionalError as error:
+                with self.cache.lock:
+                    for rid in [r for r in self.preemptor.reservations if r.startswith(f"{SCHEDULED}:")]:
+                        del self.preemptor.reservations[rid]
+                self._refused("eviction_refused")
+                log.info("scheduled consolidation refused", extra={"pod": str(object_key(pod)),
+                                                                   "error": bounded(error)})  # fmt: skip
+                return False
+        now = self.wall()
+        for mover in found.movers:
+            for pod in mover.pods:
+                condition = {**self._condition(None), "lastTransitionTime": _now()}
+                try:
+                    self._patch_status(core, pod, {"conditions": [condition]}, "mark")
+                    self._evict(core, pod, dry_run=False)
+                except NotFoundError:
+                    continue
+                except FractionalError as error:
+                    log.warning("move failed", extra={"pod": str(object_key(pod)), "error": bounded(error)})
+                    continue
+                self.moved += 1
+                if self.metrics is not None:
+                    self.metrics.consolidation_pods_moved.inc()
+                message = (f"Moved by {self.identity or 'fractional-dra'} in a scheduled consolidation, to "
+                           f"free a whole GPU: evicted; its owner makes the replacement; room is kept for "
+                           f"it beside other shares on node {moves[mover.key].node}")  # fmt: skip
+                self._emit(core, pod, reason=EVENT_REASON_CONSOLIDATED, message=message)
+            self.moved_at[mover.owner_uid] = now
+        if self.metrics is not None:
+            self.metrics.consolidation_plans.labels(outcome="scheduled_committed").inc()
+            self.metrics.consolidation_gpus_freed.inc(1)
+        log.info("scheduled consolidation", extra={"moved": sum(len(m.pods) for m in found.movers)})
+        return True
+
     def _rollouts(self, api_client: client.ApiClient, found: MovePlan) -> dict[str, Rollout]:
         """The movers with no spare replica whose Deployment surges (``surge_rollout``): their
         replacement is made before they go. A read that fails leaves the mover to eviction."""
@@ -398,16 +593,16 @@ class Consolidator:
         return [parse_budget(item) for item in json.loads(answer.data).get("items") or ()]
 
     def _movers(
-        self, plan: GangPlan, namespaces: frozenset[str], budgets: list[DisruptionBudget]
+        self, plan: GangPlan | None, namespaces: frozenset[str], budgets: list[DisruptionBudget]
     ) -> tuple[list[Mover], Any]:
-        """The movers for this gang, less those a PodDisruptionBudget would not let go now. Under
-        ``cache.lock``."""
+        """The movers for this gang (None: the scheduled pass, for no one), less those a
+        PodDisruptionBudget would not let go now. Under ``cache.lock``."""
         claims = {str(object_key(c)): c for c in self.cache.objects(Kind.CLAIM)}
         classes = frozenset(
             str(c["metadata"]["name"]) for c in self.cache.objects(Kind.CLASS)
             if str(((c.get("metadata") or {}).get("labels") or {}).get(MOVABLE_LABEL, "")).lower() == "true"
         )  # fmt: skip
-        waiting = {str(object_key(p)) for p in plan.gated}
+        waiting = {str(object_key(p)) for p in plan.gated} if plan is not None else set()
         pods = [p for p in self.cache.objects(Kind.POD) if str(object_key(p)) not in waiting]
         rooms: dict[GangKey, int] = {}
 
@@ -424,7 +619,8 @@ class Consolidator:
             return rooms[gang]
 
         movers, refusals = build_movers(
-            pods, claims, waiting_priority=gang_priority(plan.gated), now=self.wall(),
+            pods, claims, waiting_priority=gang_priority(plan.gated) if plan is not None else 2**31,
+            now=self.wall(),
             rules=self.settings.rules, movable_namespaces=namespaces, movable_classes=classes,
             moved_at=self.moved_at.get, gang_room=gang_room,
         )  # fmt: skip
@@ -688,13 +884,17 @@ class Consolidator:
         return (f"Consolidating for gang {name}: moving {found.cost.pods_moved} pod(s), each with room kept "
                 f"for its replacement: {moved}; nominated: {placement}")  # fmt: skip
 
-    def _condition(self, waiting: dict[str, Any]) -> dict[str, Any]:
-        meta = waiting["metadata"]
+    def _condition(self, waiting: dict[str, Any] | None) -> dict[str, Any]:
+        if waiting is None:
+            why = "fractional-dra: moving this pod to free a whole GPU (scheduled consolidation)"
+        else:
+            meta = waiting["metadata"]
+            why = f"fractional-dra: moving this pod so that pod {meta['namespace']}/{meta['name']} fits"
         return {
             "type": "DisruptionTarget",
             "status": "True",
             "reason": CONDITION_REASON,
-            "message": f"fractional-dra: moving this pod so that pod {meta['namespace']}/{meta['name']} fits",
+            "message": why,
             "lastTransitionTime": _now(),
         }
 
@@ -735,6 +935,15 @@ class Consolidator:
                                              _request_timeout=REQUEST_TIMEOUT_SECONDS)  # fmt: skip
         except FractionalError as error:  # an Event is advice: losing one never stops the moves
             log.warning("event not recorded", extra={"reason": reason, "error": bounded(error)})
+
+
+def _whole_hold(device: DeviceKey) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A stand-in claim holding ``device`` whole (an exclusive result), for ``tentative_allocations``."""
+    driver, pool, name = device
+    claim = {"metadata": {"namespace": "", "name": f"hold.{pool}.{name}", "uid": f"hold:{pool}/{name}"}}
+    return claim, {
+        "devices": {"results": [{"driver": driver, "pool": pool, "device": name, "request": "hold"}]}
+    }
 
 
 def _result_devices(allocation: Mapping[str, Any]) -> set[DeviceKey]:

@@ -27,7 +27,7 @@ from typing import Any
 
 from kubernetes import client
 
-from driver.controller.consolidation.consolidator import Consolidator
+from driver.controller.consolidation.consolidator import Consolidator, in_window, stranded_ratio
 from driver.controller.diagnosis.explain import share_memory_requests
 from driver.controller.gangs.watch import GangWatches
 from driver.controller.guard.review import AllocationGuard
@@ -72,6 +72,7 @@ BATCH_KEYS = 64  # keys decided in one pass when that many are due (a burst)
 GUARD_READ_TIMEOUT_SECONDS = 1.0  # a claim the guard reads before refusing (kube-apiserver waits for it)
 METRICS_COST_RATIO = 50  # the metrics refresh waits at least 50x as long as it last took
 OVERCOMMITS_KEY = "overcommits:"  # the decider reports what the last metrics refresh found
+DEFRAGMENT_KEY = "defragment:"  # the scheduled consolidation pass is due (a metrics refresh found it)
 WATCH_ORDER = (Kind.CLASS, Kind.NODE, Kind.SLICE, Kind.CLAIM, Kind.POD)  # pods last: they reference the rest
 
 
@@ -184,6 +185,7 @@ class Controller:
         self._refresh_lock = threading.Lock()  # one refresh at a time, whichever thread calls it
         self._overcommits_lock = threading.Lock()
         self._overcommits_handed: tuple[Overcommit, ...] | None = None  # the last found (metrics thread)
+        self._defragment_due = 0.0  # monotonic time the scheduled consolidation may run again
         self._overcommits_due: tuple[Overcommit, ...] | None = None  # found, not yet reported (decider)
         self.reconciler: Reconciler | None = None
         self.halted = threading.Event()
@@ -409,7 +411,28 @@ class Controller:
             self.metrics.gangs_pending.set(len(gangs))
             self.metrics.observe_capacity(summary, share_memory_requests(pending_claims))
             self.metrics.observe_fragmentation(summary, slices, [str(g) for g in gangs], now=time.monotonic())
+            self._schedule_defragment(summary)
             self.metrics.observe_typical_workload(typical_version, typical)
+
+    def _schedule_defragment(self, summary: dict[str, dict[str, dict[str, Any]]]) -> None:
+        """Queue the scheduled consolidation pass when it is on, due, within its window and the
+        stranded share of GPU memory reached its threshold."""
+        settings = self.settings.consolidation
+        if settings is None or not settings.schedule.enabled:
+            return
+        schedule = settings.schedule
+        now = time.monotonic()
+        if now < self._defragment_due:
+            return
+        minute = int(time.time() // 60) % (24 * 60)
+        if not in_window(schedule.window, minute):
+            return
+        ratio = stranded_ratio(summary)
+        if ratio < schedule.stranded_ratio:
+            return
+        self._defragment_due = now + schedule.interval_seconds
+        log.info("scheduled consolidation due", extra={"stranded_ratio": round(ratio, 3)})
+        self.queue.add(DEFRAGMENT_KEY)
 
     def _pending_claims(self, pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The unallocated claims of ``pods`` as the cache holds them now (each read takes the lock
@@ -551,6 +574,8 @@ class Controller:
                 self._guarded([key], partial(reconciler.reconcile_claim, key[len(CLAIM_PREFIX) :]))
             elif key.startswith(REFUSED_PREFIX):
                 self._guarded([key], partial(reconciler.reconcile_refused, key[len(REFUSED_PREFIX) :]))
+            elif key == DEFRAGMENT_KEY:
+                self._guarded([key], reconciler.defragment)
             elif key == OVERCOMMITS_KEY:
                 self._guarded([key], self._report_overcommits)
         if gangs:

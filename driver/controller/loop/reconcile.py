@@ -70,6 +70,7 @@ log = logging.getLogger(__name__)
 GANG_PREFIX = "gang:"
 CLAIM_PREFIX = "claim:"
 REFUSED_PREFIX = "refused:"  # a claim a node agent refused to prepare (preemption/refusal.py)
+DEFRAGMENT_JOB = "defragment:"  # the scheduled consolidation pass, one at a time
 REASON_OVERCOMMITTED = "DeviceOvercommitted"
 
 
@@ -736,6 +737,12 @@ class Reconciler:
                 self.cache.apply(Kind.POD, "MODIFIED", writers.writer.annotate_pod(pod, changed))
 
     # -- overcommitted devices -------------------------------------------------------------------------
+
+    def defragment(self) -> None:
+        """The scheduled consolidation pass, on a writer (its API reads and evictions)."""
+        consolidator = self.consolidator
+        if consolidator is not None:
+            self._start_job([DEFRAGMENT_JOB], lambda _w: consolidator.defragment(policy=self.settings.policy))
 
     def report_overcommits(self, found: tuple[Overcommit, ...]) -> None:
         """Export how many devices are overcommitted, and put a Warning Event on every claim of an

@@ -33,8 +33,9 @@ from pathlib import Path
 
 from kubernetes import client
 
-from driver.config import ControllerConfig
+from driver.config import ControllerConfig, parse_window
 from driver.controller.consolidation import Budget, ConsolidationSettings, MoverRules
+from driver.controller.consolidation.consolidator import Schedule
 from driver.controller.guard import GuardEndpoint, GuardServer
 from driver.controller.kueue.worker import KueueCheckSettings, start_admission_check
 from driver.controller.loop.controller import Controller
@@ -95,6 +96,12 @@ def settings_from_config(config: ControllerConfig) -> ReconcilerSettings:
                 milliseconds=config.consolidation_search_ms, max_moves=config.consolidation_max_moves
             ),
             backoff_seconds=config.consolidation_retry_seconds,
+            schedule=Schedule(
+                enabled=config.consolidation_schedule,
+                window=parse_window(config.consolidation_schedule_window),
+                stranded_ratio=config.consolidation_schedule_stranded_ratio,
+                interval_seconds=config.consolidation_schedule_interval_seconds,
+            ),
         )
         if config.consolidation
         else None,
