@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import ExitStack
@@ -72,20 +71,16 @@ from driver.controller.preemption.preemptor import (
     Nomination,
     Preemptor,
     Reservation,
-    build_preemption_event,
     gang_priority,
 )
-from driver.controller.preemption.refusal import build_eviction
 from driver.controller.preemption.victims import Budget as DisruptionBudget
 from driver.controller.preemption.victims import (
     DeviceKey,
     Placement,
     count_violations,
     device_holders,
-    parse_budget,
 )
 from driver.controller.view.cache import ClusterCache, Kind
-from driver.controller.writes.writer import HaltWrites
 from driver.errors import FractionalError, NotFoundError
 from driver.kube import REQUEST_TIMEOUT_SECONDS, api_errors, new_api_client
 
@@ -271,7 +266,6 @@ class Consolidator:
     preemptor: Preemptor  # keeps the holds: the gang's nomination and the replacements' reservations
     settings: ConsolidationSettings = ConsolidationSettings()
     identity: str = ""
-    fence: threading.Event | None = None
     metrics: ControllerMetrics | None = None
     clock: Callable[[], float] = time.monotonic
     wall: Callable[[], float] = time.time
@@ -335,7 +329,7 @@ class Consolidator:
         with new_api_client(self.configuration) as api_client:
             try:
                 namespaces = self._movable_namespaces(api_client)
-                budgets = self._budgets(api_client)
+                budgets = self.preemptor.read_budgets(api_client)
             except FractionalError as error:
                 self._refused("api")
                 self.back_off(gang, f"cannot read namespaces or PodDisruptionBudgets: {bounded(error)}")
@@ -379,7 +373,7 @@ class Consolidator:
                 if held_back:  # pods that opted in were kept from moving: say which and why
                     message = (f"consolidation for gang {gang.split('/', 1)[1]} found no plan; pods that "
                                f"opted in but may not move now: {held_back}")  # fmt: skip
-                    self._emit(client.CoreV1Api(api_client), plan.gated[0], reason=EVENT_REASON_BLOCKED,
+                    self._say(client.CoreV1Api(api_client), plan.gated[0], reason=EVENT_REASON_BLOCKED,
                                message=message, event_type="Warning")  # fmt: skip
                 return False
             return self._execute(api_client, plan, found, freed, rollouts)
@@ -395,7 +389,7 @@ class Consolidator:
         with new_api_client(self.configuration) as api_client:
             try:
                 namespaces = self._movable_namespaces(api_client)
-                budgets = self._budgets(api_client)
+                budgets = self.preemptor.read_budgets(api_client)
             except FractionalError as error:
                 self._refused("api")
                 log.info("scheduled consolidation skipped", extra={"error": bounded(error)})
@@ -468,21 +462,7 @@ class Consolidator:
         released = [c for m in movers for c in m.claims]
         for claim in released:
             state.remove_claim(_claim_uid(claim))
-        usage: dict[str, Resources] = {}
-        freed: dict[str, Resources] = {}
-        for mover in movers:
-            for pod in mover.pods:
-                node = (pod.get("spec") or {}).get("nodeName")
-                if node:
-                    freed[node] = freed.get(node, Resources()) + pod_requests(pod)
-
-        def use(node: str, pods: Iterable[dict[str, Any]]) -> bool:
-            if node not in usage:
-                usage[node] = self.cache.node_usage(node) - freed.get(node, Resources())
-            for pod in pods:
-                usage[node] = usage[node] + pod_requests(pod)
-            return Resources().fits_within(node_allocatable(nodes[node]) - usage[node])
-
+        use = self._node_room(movers, nodes)
         try:
             with ExitStack() as held:
                 held.enter_context(tentative_allocations(self.cache, [_whole_hold(d) for d in kept]))
@@ -505,7 +485,7 @@ class Consolidator:
         moves = {m.mover: m for m in found.moves}
         for pod in (p for m in found.movers for p in m.pods):
             try:
-                self._evict(core, pod, dry_run=True)
+                self.preemptor.evict(core, pod, dry_run=True)
             except NotFoundError:
                 continue
             except FractionalError as error:
@@ -521,8 +501,8 @@ class Consolidator:
             for pod in mover.pods:
                 condition = {**self._condition(None), "lastTransitionTime": _now()}
                 try:
-                    self._patch_status(core, pod, {"conditions": [condition]}, "mark")
-                    self._evict(core, pod, dry_run=False)
+                    self.preemptor.patch_status(core, pod, {"conditions": [condition]}, "mark")
+                    self.preemptor.evict(core, pod, dry_run=False)
                 except NotFoundError:
                     continue
                 except FractionalError as error:
@@ -534,7 +514,7 @@ class Consolidator:
                 message = (f"Moved by {self.identity or 'fractional-dra'} in a scheduled consolidation, to "
                            f"free a whole GPU: evicted; its owner makes the replacement; room is kept for "
                            f"it beside other shares on node {moves[mover.key].node}")  # fmt: skip
-                self._emit(core, pod, reason=EVENT_REASON_CONSOLIDATED, message=message)
+                self._say(core, pod, reason=EVENT_REASON_CONSOLIDATED, message=message)
             self.moved_at[mover.owner_uid] = now
         if self.metrics is not None:
             self.metrics.consolidation_plans.labels(outcome="scheduled_committed").inc()
@@ -582,15 +562,6 @@ class Consolidator:
             answer = core.list_namespace(label_selector=f"{MOVABLE_LABEL}=true", _preload_content=False,
                                          _request_timeout=REQUEST_TIMEOUT_SECONDS)  # fmt: skip
         return frozenset(str(i["metadata"]["name"]) for i in json.loads(answer.data).get("items") or ())
-
-    @staticmethod
-    def _budgets(api_client: client.ApiClient) -> list[DisruptionBudget]:
-        with api_errors("list PodDisruptionBudgets"):
-            policy: Any = client.PolicyV1Api(api_client)
-            answer = policy.list_pod_disruption_budget_for_all_namespaces(
-                _request_timeout=REQUEST_TIMEOUT_SECONDS, _preload_content=False
-            )
-        return [parse_budget(item) for item in json.loads(answer.data).get("items") or ()]
 
     def _movers(
         self, plan: GangPlan | None, namespaces: frozenset[str], budgets: list[DisruptionBudget]
@@ -676,23 +647,8 @@ class Consolidator:
                 chosen = allocate_groups(self.cache, plan.groups, policy=policy, exclude_nodes=excluded)
         if chosen is None:
             return None
-        usage: dict[str, Resources] = {}
-
-        def use(node: str, pods: Iterable[dict[str, Any]]) -> bool:
-            if node not in usage:
-                usage[node] = self.cache.node_usage(node) - freed.get(node, Resources())
-            for pod in pods:
-                usage[node] = usage[node] + pod_requests(pod)
-            return Resources().fits_within(node_allocatable(nodes[node]) - usage[node])
-
-        freed: dict[str, Resources] = {}
-        for mover in moved:
-            if mover.key in surge:
-                continue  # it runs until its replacement is ready
-            for pod in mover.pods:
-                node = (pod.get("spec") or {}).get("nodeName")
-                if node:
-                    freed[node] = freed.get(node, Resources()) + pod_requests(pod)
+        # A mover replaced before it goes runs until its replacement is ready: its node keeps its room.
+        use = self._node_room([m for m in moved if m.key not in surge], nodes)
         by_claim = {str(object_key(c)): a for c, a in chosen}
         pod_nodes: list[tuple[str, str | None]] = []
         for group in plan.groups:
@@ -714,6 +670,28 @@ class Consolidator:
                 held.enter_context(tentative_allocations(self.cache, list(move.allocations)))
                 moves.append(move)
         return Placement(allocations=tuple(chosen), pod_nodes=tuple(pod_nodes)), tuple(moves)
+
+    def _node_room(
+        self, leaving: Iterable[Mover], nodes: Mapping[str, dict[str, Any]]
+    ) -> Callable[[str, Iterable[dict[str, Any]]], bool]:
+        """``use(node, pods)``: count ``pods`` on ``node`` and say whether its CPU, memory and pod
+        count still hold them, the pods of ``leaving`` gone from their nodes. Under ``cache.lock``."""
+        usage: dict[str, Resources] = {}
+        freed: dict[str, Resources] = {}
+        for mover in leaving:
+            for pod in mover.pods:
+                node = (pod.get("spec") or {}).get("nodeName")
+                if node:
+                    freed[node] = freed.get(node, Resources()) + pod_requests(pod)
+
+        def use(node: str, pods: Iterable[dict[str, Any]]) -> bool:
+            if node not in usage:
+                usage[node] = self.cache.node_usage(node) - freed.get(node, Resources())
+            for pod in pods:
+                usage[node] = usage[node] + pod_requests(pod)
+            return Resources().fits_within(node_allocatable(nodes[node]) - usage[node])
+
+        return use
 
     def _place_mover(
         self, mover: Mover, nodes: Mapping[str, dict[str, Any]],
@@ -800,7 +778,7 @@ class Consolidator:
                     if rollout is not None:
                         self._roll(apps, rollout, dry_run=True)
                     else:
-                        self._evict(core, pod, dry_run=True)
+                        self.preemptor.evict(core, pod, dry_run=True)
                 except NotFoundError:
                     continue
                 except FractionalError as error:
@@ -809,19 +787,19 @@ class Consolidator:
                     self._drop(plan)
                     self._refused("eviction_refused")
                     self.back_off(gang, message)
-                    self._emit(
+                    self._say(
                         core, waiting, reason=EVENT_REASON_BLOCKED, message=message, event_type="Warning"
                     )
                     return False
         where = dict(found.placement.pod_nodes)
         moves = {m.mover: m for m in found.moves}
-        self._emit(
+        self._say(
             core, waiting, reason=EVENT_REASON_CONSOLIDATING, message=self._describe(plan, found, rollouts)
         )
         for pod in plan.gated:
             node = where.get(str(object_key(pod)))
             if node:
-                self._patch_status(core, pod, {"nominatedNodeName": node}, "nominate")
+                self.preemptor.patch_status(core, pod, {"nominatedNodeName": node}, "nominate")
         now = self.wall()
         for mover in found.movers:
             move = moves[mover.key]
@@ -831,8 +809,10 @@ class Consolidator:
                     if rollout is not None:
                         self._roll(apps, rollout, dry_run=False)
                     else:
-                        self._patch_status(core, pod, {"conditions": [self._condition(waiting)]}, "mark")
-                        self._evict(core, pod, dry_run=False)
+                        self.preemptor.patch_status(
+                            core, pod, {"conditions": [self._condition(waiting)]}, "mark"
+                        )
+                        self.preemptor.evict(core, pod, dry_run=False)
                 except NotFoundError:
                     continue
                 except FractionalError as error:
@@ -847,7 +827,7 @@ class Consolidator:
                        else "evicted; its owner makes the replacement")  # fmt: skip
                 message = (f"Moved by {self.identity or 'fractional-dra'} so that pod {object_key(waiting)} "
                            f"fits: {how}; room is kept for the replacement on node {move.node}")  # fmt: skip
-                self._emit(core, pod, reason=EVENT_REASON_CONSOLIDATED, message=message, related=waiting)
+                self._say(core, pod, reason=EVENT_REASON_CONSOLIDATED, message=message, related=waiting)
             self.moved_at[mover.owner_uid] = now
         if self.metrics is not None:
             self.metrics.consolidation_plans.labels(outcome="committed").inc()
@@ -864,7 +844,7 @@ class Consolidator:
         """The template annotation that makes the Deployment roll out (as ``kubectl rollout restart``
         does with its own annotation)."""
         body = rollout_patch(rollout.token)
-        self._check_fence()
+        self.preemptor.check_fence()
         with api_errors(f"patch Deployment {rollout.namespace}/{rollout.deployment}"):
             apps.patch_namespaced_deployment(
                 rollout.deployment, rollout.namespace, body, dry_run="All" if dry_run else None,
@@ -884,6 +864,9 @@ class Consolidator:
         return (f"Consolidating for gang {name}: moving {found.cost.pods_moved} pod(s), each with room kept "
                 f"for its replacement: {moved}; nominated: {placement}")  # fmt: skip
 
+    def _say(self, core: Any, pod: dict[str, Any], **event: Any) -> None:
+        self.preemptor.emit(core, pod, action="Consolidating", **event)
+
     def _condition(self, waiting: dict[str, Any] | None) -> dict[str, Any]:
         if waiting is None:
             why = "fractional-dra: moving this pod to free a whole GPU (scheduled consolidation)"
@@ -897,44 +880,6 @@ class Consolidator:
             "message": why,
             "lastTransitionTime": _now(),
         }
-
-    def _check_fence(self) -> None:
-        if self.fence is not None and self.fence.is_set():
-            raise HaltWrites()
-
-    def _evict(self, core: Any, pod: dict[str, Any], *, dry_run: bool) -> None:
-        meta = pod["metadata"]
-        body = build_eviction(meta["namespace"], meta["name"], str(meta.get("uid") or ""), dry_run=dry_run)
-        self._check_fence()
-        with api_errors(f"evict Pod {meta['namespace']}/{meta['name']}"):
-            core.create_namespaced_pod_eviction(
-                meta["name"], meta["namespace"], body, _preload_content=False,
-                _request_timeout=REQUEST_TIMEOUT_SECONDS,
-            )  # fmt: skip
-
-    def _patch_status(self, core: Any, pod: dict[str, Any], status: dict[str, Any], what: str) -> None:
-        meta = pod["metadata"]
-        self._check_fence()
-        with api_errors(f"{what} Pod {meta['namespace']}/{meta['name']} status"):
-            core.patch_namespaced_pod_status(
-                meta["name"], meta["namespace"], {"status": status}, _content_type=STRATEGIC_MERGE_PATCH,
-                _preload_content=False, _request_timeout=REQUEST_TIMEOUT_SECONDS,
-            )  # fmt: skip
-
-    def _emit(
-        self, core: Any, pod: dict[str, Any], *, reason: str, message: str,
-        related: dict[str, Any] | None = None, event_type: str = "Normal",
-    ) -> None:  # fmt: skip
-        body = build_preemption_event(pod, reason=reason, message=message, identity=self.identity,
-                                      related=related, event_type=event_type)  # fmt: skip
-        body["action"] = "Consolidating"
-        self._check_fence()
-        try:
-            with api_errors(f"create Event for Pod {pod['metadata']['namespace']}/{pod['metadata']['name']}"):
-                core.create_namespaced_event(pod["metadata"]["namespace"], body, _preload_content=False,
-                                             _request_timeout=REQUEST_TIMEOUT_SECONDS)  # fmt: skip
-        except FractionalError as error:  # an Event is advice: losing one never stops the moves
-            log.warning("event not recorded", extra={"reason": reason, "error": bounded(error)})
 
 
 def _whole_hold(device: DeviceKey) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -517,8 +517,7 @@ class Controller:
         if self.settings.consolidation is not None and self.reconciler.preemptor is not None:
             self.reconciler.consolidator = Consolidator(
                 cache=self.cache, configuration=self._configuration, preemptor=self.reconciler.preemptor,
-                settings=self.settings.consolidation, identity=self.identity, fence=self.fence,
-                metrics=self.metrics,
+                settings=self.settings.consolidation, identity=self.identity, metrics=self.metrics,
             )  # fmt: skip
             self.reconciler.preemptor.consolidation_failed = self.reconciler.consolidator.back_off
         if self.settings.provisioning_requests:

@@ -431,7 +431,7 @@ class Preemptor:
         priority = gang_priority(plan.gated)
         with new_api_client(self.configuration) as api_client:
             try:
-                budgets = self._budgets(api_client)
+                budgets = self.read_budgets(api_client)
             except FractionalError as error:  # cannot tell which victims a budget protects: not now
                 self._fail(gang, f"cannot read PodDisruptionBudgets: {bounded(error)}")
                 return False
@@ -467,7 +467,8 @@ class Preemptor:
             return self._execute(client.CoreV1Api(api_client), plan, choice, budgets)
 
     @staticmethod
-    def _budgets(api_client: client.ApiClient) -> list[Budget]:
+    def read_budgets(api_client: client.ApiClient) -> list[Budget]:
+        """Every PodDisruptionBudget of the cluster, as read now (consolidation reads them too)."""
         with api_errors("list PodDisruptionBudgets"):
             policy: Any = client.PolicyV1Api(api_client)  # Any: raw JSON (_preload_content=False)
             answer = policy.list_pod_disruption_budget_for_all_namespaces(
@@ -535,7 +536,7 @@ class Preemptor:
         ordered = sorted(victims, key=lambda p: count_violations([p], budgets)[0] == 0)  # budget risks first
         for pod in ordered:  # a dry run of every eviction: one refusal and nothing happens at all
             try:
-                self._evict(core, pod, dry_run=True)
+                self.evict(core, pod, dry_run=True)
             except NotFoundError:
                 continue
             except FractionalError as error:
@@ -545,24 +546,22 @@ class Preemptor:
                     message += (f"; PodDisruptionBudget(s) {', '.join(choice.budgets_exceeded)} allow no "
                                 "disruption and no cheaper choice avoids them")  # fmt: skip
                 self._fail(gang, message, outcome="blocked")
-                self._emit(
-                    core, preemptor, reason=EVENT_REASON_BLOCKED, message=message, event_type="Warning"
-                )
+                self.emit(core, preemptor, reason=EVENT_REASON_BLOCKED, message=message, event_type="Warning")
                 return False
         nodes = dict(choice.placement.pod_nodes)
-        self._emit(core, preemptor, reason=EVENT_REASON_PREEMPTING, message=self._describe(plan, choice))
+        self.emit(core, preemptor, reason=EVENT_REASON_PREEMPTING, message=self._describe(plan, choice))
         for pod in plan.gated:
             node = nodes.get(str(object_key(pod)))
             if node:
-                self._patch_status(core, pod, {"nominatedNodeName": node}, "nominate")
+                self.patch_status(core, pod, {"nominatedNodeName": node}, "nominate")
         preemptor_uid = preemptor["metadata"].get("uid")
         for unit in choice.victims:
             for pod in unit.pods:
                 node = (pod.get("spec") or {}).get("nodeName") or (unit.nodes[0] if unit.nodes else "")
                 try:
                     condition = build_disruption_condition(preemptor)
-                    self._patch_status(core, pod, {"conditions": [condition]}, "mark")
-                    self._evict(core, pod, dry_run=False)
+                    self.patch_status(core, pod, {"conditions": [condition]}, "mark")
+                    self.evict(core, pod, dry_run=False)
                 except NotFoundError:
                     continue  # gone already: kube-scheduler counts that as done too
                 except FractionalError as error:
@@ -573,7 +572,7 @@ class Preemptor:
                 if self.metrics is not None:
                     self.metrics.preemption_victims.inc()
                 message = f"Preempted by pod {preemptor_uid} on node {node}"  # kube-scheduler's words
-                self._emit(core, pod, reason=EVENT_REASON_PREEMPTED, message=message, related=preemptor)
+                self.emit(core, pod, reason=EVENT_REASON_PREEMPTED, message=message, related=preemptor)
         self._count("preempted")
         log.info(
             "preempted",
@@ -600,36 +599,38 @@ class Preemptor:
                         f"{', '.join(choice.budgets_exceeded)}")  # fmt: skip
         return message
 
-    def _check_fence(self) -> None:
+    def check_fence(self) -> None:
         if self.fence is not None and self.fence.is_set():
             raise HaltWrites()
 
-    def _evict(self, core: Any, pod: dict[str, Any], *, dry_run: bool) -> None:
+    def evict(self, core: Any, pod: dict[str, Any], *, dry_run: bool) -> None:
         meta = pod["metadata"]
         body = build_eviction(meta["namespace"], meta["name"], str(meta.get("uid") or ""), dry_run=dry_run)
-        self._check_fence()
+        self.check_fence()
         with api_errors(f"evict Pod {meta['namespace']}/{meta['name']}"):
             core.create_namespaced_pod_eviction(
                 meta["name"], meta["namespace"], body, _preload_content=False,
                 _request_timeout=REQUEST_TIMEOUT_SECONDS,
             )  # fmt: skip
 
-    def _patch_status(self, core: Any, pod: dict[str, Any], status: dict[str, Any], what: str) -> None:
+    def patch_status(self, core: Any, pod: dict[str, Any], status: dict[str, Any], what: str) -> None:
         meta = pod["metadata"]
-        self._check_fence()
+        self.check_fence()
         with api_errors(f"{what} Pod {meta['namespace']}/{meta['name']} status"):
             core.patch_namespaced_pod_status(
                 meta["name"], meta["namespace"], {"status": status}, _content_type=STRATEGIC_MERGE_PATCH,
                 _preload_content=False, _request_timeout=REQUEST_TIMEOUT_SECONDS,
             )  # fmt: skip
 
-    def _emit(
+    def emit(
         self, core: Any, pod: dict[str, Any], *, reason: str, message: str,
-        related: dict[str, Any] | None = None, event_type: str = "Normal",
+        related: dict[str, Any] | None = None, event_type: str = "Normal", action: str = "Preempting",
     ) -> None:  # fmt: skip
+        """An Event on ``pod`` (advice: a failed write is logged, never raised)."""
         body = build_preemption_event(pod, reason=reason, message=message, identity=self.identity,
                                       related=related, event_type=event_type)  # fmt: skip
-        self._check_fence()
+        body["action"] = action
+        self.check_fence()
         try:
             with api_errors(f"create Event for Pod {pod['metadata']['namespace']}/{pod['metadata']['name']}"):
                 core.create_namespaced_event(
