@@ -82,6 +82,8 @@ def _controller_sample_names() -> set[str]:
     registry = CollectorRegistry()
     metrics = ControllerMetrics(registry)
     metrics.decisions.labels(outcome="allocated").inc()
+    metrics.consolidation_plans.labels(outcome="committed").inc()  # labelled: a sample once used
+    metrics.consolidation_refused.labels(reason="no_plan").inc()
     metrics.observe_capacity({"node-a": {}}, [])
     summary = {"node-a": {"gpu-0": {"pool": "node-a", "memory_bytes_total": 1, "memory_bytes_free": 1}}}
     metrics.observe_fragmentation(summary, [], ["default/g"], now=1.0)
@@ -110,6 +112,7 @@ def test_dashboard_names_only_exported_metrics(tmp_path: Any) -> None:
         "fractional_controller_gangs_waiting",
         "fractional_controller_decisions_total",
         "fractional_controller_decision_duration_seconds_bucket",
+        "fractional_controller_consolidation_pods_moved_total",
     ):
         assert needed in named, needed
     ids = [panel["id"] for panel in dashboard["panels"]]
