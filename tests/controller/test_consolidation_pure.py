@@ -11,10 +11,12 @@ import pytest
 from driver.config import ControllerConfig, parse_window
 from driver.controller.consolidation.consolidator import (
     adds_up,
+    asks_whole_devices,
     devices_freed,
     in_window,
     stranded_ratio,
     surge_rollout,
+    useful_movers,
 )
 from driver.controller.consolidation.movers import MoverRules, build_movers, controller_owner, pod_started
 from driver.controller.consolidation.search import Budget, Move, MovePlan, PlanCost, find_plan
@@ -335,3 +337,31 @@ def test_stranded_memory_counts_free_memory_on_partly_used_gpus_only() -> None:
     }}  # fmt: skip
     assert stranded_ratio(summary) == pytest.approx(40 / 160)
     assert stranded_ratio({}) == 0.0
+
+
+def test_only_movers_worth_a_fit_check_are_searched() -> None:
+    """A whole-GPU gang gains nothing from a move that leaves another pod on the GPU; a share
+    bigger than every hole elsewhere has nowhere to go. Either would spend the search's budget."""
+    movers = movers_on({"gpu-0": [("a", True)], "gpu-1": [("b", True)]})
+    gpu0, gpu1 = ("fractional.dev", "n1", "gpu-0"), ("fractional.dev", "n1", "gpu-1")
+    hole = {**device(20 * GIB), "pool": "n1"}
+    summary = {"n1": {"gpu-0": hole, "gpu-1": hole, "gpu-2": {**device(0, exclusive=True), "pool": "n1"}}}
+    refusals: dict[str, int] = {}
+    kept = useful_movers(movers, summary, {gpu0: 2, gpu1: 1}, whole_only=True, refusals=refusals)
+    assert [m.key for m in kept] == ["default/b"] and refusals == {"pinned": 1}
+    assert len(useful_movers(movers, summary, {gpu0: 2, gpu1: 1}, whole_only=False)) == 2
+
+    big = [
+        replace(m, claims=tuple({**c, "spec": gpu_claim_asking("30Gi")["spec"]} for c in m.claims))
+        for m in movers
+    ]
+    refusals = {}
+    assert useful_movers(big, summary, {gpu0: 1, gpu1: 1}, whole_only=True, refusals=refusals) == []
+    assert refusals == {"no_room": 2}  # 20 GiB holes, 30 GiB shares
+    summary["n1"]["gpu-3"] = {**device(40 * GIB), "pool": "n1"}  # a free GPU takes either
+    assert len(useful_movers(big, summary, {gpu0: 1, gpu1: 1}, whole_only=True)) == 2
+
+
+def test_a_gang_asks_whole_devices_when_no_request_names_a_capacity() -> None:
+    assert asks_whole_devices([gpu_claim_asking(None), gpu_claim_asking(None, count=2)])
+    assert not asks_whole_devices([gpu_claim_asking(None), gpu_claim_asking("10Gi")])

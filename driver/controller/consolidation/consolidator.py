@@ -95,11 +95,13 @@ __all__ = [
     "Consolidator",
     "Schedule",
     "adds_up",
+    "asks_whole_devices",
     "devices_freed",
     "in_window",
     "rollout_patch",
     "stranded_ratio",
     "surge_rollout",
+    "useful_movers",
 ]
 
 log = logging.getLogger(__name__)
@@ -196,6 +198,61 @@ def surge_rollout(deployment: Mapping[str, Any]) -> Rollout | None:
         return None
     meta = deployment.get("metadata") or {}
     return Rollout(namespace=str(meta.get("namespace")), deployment=str(meta.get("name")), surge=surge)
+
+
+def asks_whole_devices(claims: Iterable[Mapping[str, Any]]) -> bool:
+    """Whether every request of ``claims`` asks for whole devices (no capacity request)."""
+    return all(memory == 0 for claim in claims for _, memory in _gpu_requests(claim))
+
+
+def _share_memory(claim: Mapping[str, Any]) -> int:
+    """The memory a share of the claim holds (what its replacement will ask), 0 for a whole device."""
+    return max((memory for _, memory in _gpu_requests(claim)), default=0)
+
+
+def useful_movers(
+    movers: list[Mover],
+    free_summary: Mapping[str, Mapping[str, Mapping[str, Any]]],
+    holders: Mapping[DeviceKey, int],
+    *,
+    whole_only: bool,
+    refusals: dict[str, int] | None = None,
+) -> list[Mover]:
+    """The movers worth a fit check (the search's budget is spent on them; a hopeless one first
+    in its order can use it all):
+
+    - for a gang that asks only whole devices, those on a device that their moves can empty (every
+      claim on it is a mover's): freeing part of a device frees nothing whole;
+    - a share whose memory is larger than every free hole on another device has nowhere to go
+      (a free device counts whole).
+
+    Refusals are counted in ``refusals`` (``pinned``, ``no_room``)."""
+    on_device: dict[DeviceKey, int] = {}
+    for mover in movers:
+        for claim in mover.claims:
+            for device in _result_devices((claim.get("status") or {}).get("allocation") or {}):
+                on_device[device] = on_device.get(device, 0) + 1
+    holes: list[tuple[int, DeviceKey]] = []
+    for node, devices in free_summary.items():
+        for name, info in devices.items():
+            if not info.get("exclusive"):
+                key = (DRIVER_NAME, str(info.get("pool") or node), name)
+                holes.append((int(info.get("memory_bytes_free") or 0), key))
+    holes.sort(reverse=True)
+    kept: list[Mover] = []
+    for mover in movers:
+        if whole_only and not any(on_device.get(d, 0) >= holders.get(d, 0) for d in mover.devices):
+            reason = "pinned"
+        else:
+            asked = max((_share_memory(c) for c in mover.claims), default=0)
+            room = next((free for free, device in holes if device not in mover.devices), 0)
+            reason = "no_room" if not mover.whole and asked > room else ""
+        if reason:
+            if refusals is not None:
+                refusals[reason] = refusals.get(reason, 0) + len(mover.pods)
+            continue
+        kept.append(mover)
+    return kept
 
 
 def rollout_patch(token: str) -> dict[str, Any]:
@@ -318,7 +375,9 @@ class Consolidator:
             nodes = [str(n["metadata"]["name"]) for n in self.cache.objects(Kind.NODE)]
             usable = [n for n in nodes if n not in excluded]
             pending = [c for g in plan.groups for c in g.pending_claims]
-            if not adds_up(self.cache.state.free_summary(), usable, pending):
+            with self.preemptor.holding_all():  # room kept for others does not count
+                summary = self.cache.state.free_summary()
+            if not adds_up(summary, usable, pending):
                 self._refused("capacity")
                 self.backoff.pop(gang, None)  # a capacity change decides it again, not a timer
                 return False  # no moving makes room that is not there: only new nodes help
@@ -336,6 +395,11 @@ class Consolidator:
                 return False
             with self.cache.lock:
                 movers, refusals = self._movers(plan, namespaces, budgets)
+                with self.preemptor.holding_all():
+                    summary = self.cache.state.free_summary()
+                whole_only = asks_whole_devices(pending)
+                movers = useful_movers(movers, summary, self._claims_per_device(), whole_only=whole_only,
+                                       refusals=refusals.counts)  # fmt: skip
                 fits = self._fit_check(plan, movers, policy=policy)
                 found = (
                     find_plan(movers, fits=fits, budget=self.settings.budget, clock=self.clock)
@@ -556,6 +620,11 @@ class Consolidator:
                 rollouts[mover.key] = rollout
         return rollouts
 
+    def _claims_per_device(self) -> dict[DeviceKey, int]:
+        return device_holders(
+            c for c in self.cache.objects(Kind.CLAIM) if (c.get("status") or {}).get("allocation")
+        )
+
     def _movable_namespaces(self, api_client: client.ApiClient) -> frozenset[str]:
         with api_errors("list Namespaces"):
             core: Any = client.CoreV1Api(api_client)
@@ -639,11 +708,11 @@ class Consolidator:
         """The gang with the movers' claims released, then each mover again. A mover in ``surge`` is
         replaced before it goes: its own devices, CPU and memory stay taken while its replacement is
         placed."""
-        if plan.topology_key is not None:
-            decided = decide_in_domains(self.cache, plan, policy=policy)
-            chosen = list(decided.allocations) if decided.outcome == "allocated" else None
-        else:
-            with self.preemptor.holding_all():
+        with self.preemptor.holding_all():  # room kept for others is not the gang's
+            if plan.topology_key is not None:
+                decided = decide_in_domains(self.cache, plan, policy=policy)
+                chosen = list(decided.allocations) if decided.outcome == "allocated" else None
+            else:
                 chosen = allocate_groups(self.cache, plan.groups, policy=policy, exclude_nodes=excluded)
         if chosen is None:
             return None
