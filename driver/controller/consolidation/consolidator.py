@@ -100,6 +100,7 @@ __all__ = [
     "in_window",
     "rollout_patch",
     "stranded_ratio",
+    "stand_in",
     "surge_rollout",
     "useful_movers",
 ]
@@ -294,7 +295,7 @@ def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _stand_in(claim: dict[str, Any]) -> dict[str, Any]:
+def stand_in(claim: dict[str, Any]) -> dict[str, Any]:
     """An unallocated copy of a mover's claim under a name and UID no real claim has: what its
     replacement will ask, placed and held as a reservation."""
     meta = claim["metadata"]
@@ -766,7 +767,7 @@ class Consolidator:
         self, mover: Mover, nodes: Mapping[str, dict[str, Any]],
         use: Callable[[str, Iterable[dict[str, Any]]], bool], policy: str,
     ) -> Move | None:  # fmt: skip
-        stand_ins = [_stand_in(c) for c in mover.claims]
+        stand_ins = [stand_in(c) for c in mover.claims]
         refused = frozenset(name for name, node in nodes.items()
                             if any(node_rejection(p, node) for p in mover.pods))  # fmt: skip
         excluded = set(refused)
