@@ -914,7 +914,7 @@ def test_controller_disruption_target_of_others_stays(
 
 
 class _EvictionRecorder:
-    """Stands in for CoreV1Api under the preemptor's ``_evict``: records each Eviction body."""
+    """Stands in for CoreV1Api under the preemptor's ``evict``: records each Eviction body."""
 
     def __init__(self) -> None:
         self.bodies: list[Obj] = []
@@ -930,7 +930,7 @@ def preemptor_evictions(pod: Obj) -> list[Obj]:
 
     core = _EvictionRecorder()
     for dry_run in (True, False):
-        Preemptor._evict(SimpleNamespace(_check_fence=lambda: None), core, pod, dry_run=dry_run)  # type: ignore[arg-type]
+        Preemptor.evict(SimpleNamespace(check_fence=lambda: None), core, pod, dry_run=dry_run)  # type: ignore[arg-type]
     return core.bodies
 
 
