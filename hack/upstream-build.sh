@@ -16,6 +16,14 @@
 #               Makefile does (sigs.k8s.io/kueue/pkg/version.GitVersion).
 #   kwok        sigs.k8s.io/kwok/cmd/kwok v0.8.0 (fake nodes for the fleet of hack/localcluster fleet),
 #               CGO off; not part of `all`: COMPONENTS=kwok builds it.
+#   kind node   (COMPONENTS=kind-node, never in all; what hack/kind-node-image.sh puts in a kind node
+#               image) kubeadm, kubectl, kube-proxy (CGO off) from k8s.io/kubernetes beside the
+#               four above; kind itself (sigs.k8s.io/kind v0.33.0, CGO off, as its Makefile);
+#               crictl (sigs.k8s.io/cri-tools/cmd/crictl v1.37.0, the newest served); coredns
+#               (github.com/coredns/coredns v1.14.6, the version kubeadm 1.37 deploys); and the
+#               cni plugins, whose set includes ptp for kind's multi-node networking.
+#   helm        helm.sh/helm/v4/cmd/helm v4.3.2 (what hack/kind-up.sh installs the chart with),
+#               CGO off, version stamped as its Makefile does; never in all: COMPONENTS=helm.
 # runc is not built: containerd needs Debian's (`apt-get install -y runc`); this script only checks
 # that one is on PATH and says so when it is not (it installs nothing).
 #
@@ -32,7 +40,8 @@
 # Cache: ${FRACTIONAL_CACHE:-$HOME/.cache/fractional-dra}
 #   go/mod (GOMODCACHE, written with -modcacherw so `rm -rf` works), go/build (GOCACHE),
 #   src/kubernetes-vX, src/etcd-vX (the generated modules),
-#   bin/kubernetes-vX/, bin/etcd-vX/, bin/containerd-vX/, bin/cni-vX/, bin/kueue-vX/, bin/kwok-vX/ (the binaries).
+#   bin/kubernetes-vX/, bin/etcd-vX/, bin/containerd-vX/, bin/cni-vX/, bin/kueue-vX/, bin/kwok-vX/,
+#   bin/kind-vX/, bin/crictl-vX/, bin/coredns-vX/, bin/helm-vX/ (the binaries).
 # A component is skipped when its binaries exist and answer --version (or equivalent) with the
 # right version. Concurrent runs wait for each other (flock on the cache).
 #
@@ -46,7 +55,8 @@
 #                missing or stale. Use: `paths="$(hack/upstream-build.sh --print-env)" && eval "${paths}"`.
 #   Environment lines (paths whether built or not), then one export line:
 #     KUBE_BIN=...  ETCD_BIN=...  CONTAINERD_BIN=...  CNI_BIN=...  KUEUE_BIN=...  KWOK_BIN=...
-#     export KUBE_BIN ETCD_BIN CONTAINERD_BIN CNI_BIN KUEUE_BIN KWOK_BIN
+#     KIND_BIN=...  CRICTL_BIN=...  COREDNS_BIN=...  HELM_BIN=...
+#     export KUBE_BIN ETCD_BIN CONTAINERD_BIN CNI_BIN KUEUE_BIN KWOK_BIN KIND_BIN CRICTL_BIN COREDNS_BIN HELM_BIN
 # Environment:
 #   K8S_VERSION         1.37.2 (default) | 1.36.3 | 1.35.4 (a leading v is accepted)
 #   COMPONENTS          space/comma-separated, default all:
@@ -54,8 +64,11 @@
 #                               containerd cni kueue
 #                         control-plane = etcd kube-apiserver kube-controller-manager kube-scheduler
 #                         node = kubelet containerd cni;  kubernetes = the four kube binaries;
-#                         kwok (never in all);  or any single name above
-#   ETCD_VERSION, CONTAINERD_VERSION, CNI_VERSION, KUEUE_VERSION, KWOK_VERSION   override the pins above
+#                         kwok (never in all);
+#                         kind-node = kubeadm kubectl kube-proxy kubelet containerd cni kind crictl
+#                               coredns (never in all);  or any single name above
+#   ETCD_VERSION, CONTAINERD_VERSION, CNI_VERSION, KUEUE_VERSION, KWOK_VERSION, KIND_VERSION,
+#   CRICTL_VERSION, COREDNS_VERSION, HELM_VERSION   override the pins above
 #   FRACTIONAL_CACHE    the cache directory
 #   GO_BUILD_P          go build -p (default 2). Every go command runs under nice -n 19.
 #
@@ -66,6 +79,8 @@
 #   cni 14 s; 21 min in all, 2.5 GiB peak RSS. Warm (second run): 0.3 s in all.
 #   Cache after that: 8.1 GiB = go/mod 1.4G + go/build 6.4G + bin 387M (kubernetes 275M, containerd
 #   74M, etcd 24M, cni 15M) + src 92K. go/build may be deleted once built (only rebuilds need it).
+#   COMPONENTS=kind-node and helm, cold after that (the kubernetes module resolved): kubeadm 22 s,
+#   kubectl 21 s, kube-proxy 13 s, kind 6 s, crictl 31 s, coredns 131 s, helm 140 s, cni with ptp 2 s.
 set -euo pipefail
 
 log() { echo "upstream-build: $*" >&2; }
@@ -101,6 +116,10 @@ containerd_version="$(version_of "${CONTAINERD_VERSION:-2.3.7}")"
 cni_version="$(version_of "${CNI_VERSION:-1.10.0}")"
 kueue_version="$(version_of "${KUEUE_VERSION:-0.19.2}")"
 kwok_version="$(version_of "${KWOK_VERSION:-0.8.0}")"
+kind_version="$(version_of "${KIND_VERSION:-0.33.0}")"
+crictl_version="$(version_of "${CRICTL_VERSION:-1.37.0}")"
+coredns_version="$(version_of "${COREDNS_VERSION:-1.14.6}")"
+helm_version="$(version_of "${HELM_VERSION:-4.3.2}")"
 
 cache="${FRACTIONAL_CACHE:-${HOME}/.cache/fractional-dra}"
 kube_bin="${cache}/bin/kubernetes-${k8s_version}"
@@ -109,13 +128,18 @@ containerd_bin="${cache}/bin/containerd-${containerd_version}"
 cni_bin="${cache}/bin/cni-${cni_version}"
 kueue_bin="${cache}/bin/kueue-${kueue_version}"
 kwok_bin="${cache}/bin/kwok-${kwok_version}"
+kind_bin="${cache}/bin/kind-${kind_version}"
+crictl_bin="${cache}/bin/crictl-${crictl_version}"
+coredns_bin="${cache}/bin/coredns-${coredns_version}"
+helm_bin="${cache}/bin/helm-${helm_version}"
 
 kube_binaries=(kube-apiserver kube-controller-manager kube-scheduler kubelet)
-cni_plugins=(main/bridge ipam/host-local main/loopback meta/portmap)
+kube_node_tools=(kubeadm kubectl kube-proxy) # named in the generated module too, built on demand
+cni_plugins=(main/bridge main/ptp ipam/host-local main/loopback meta/portmap)
 
 # -- components -----------------------------------------------------------------------------------
 all_components=(etcd kube-apiserver kube-controller-manager kube-scheduler kubelet containerd cni kueue)
-every_component=("${all_components[@]}" kwok) # kwok: only when named
+every_component=("${all_components[@]}" kwok kubeadm kubectl kube-proxy kind crictl coredns helm) # only when named
 declare -A wanted=()
 IFS=$', \t\n' read -ra names <<<"${COMPONENTS:-all}"
 for name in "${names[@]}"; do
@@ -124,7 +148,9 @@ for name in "${names[@]}"; do
     control-plane) for c in etcd kube-apiserver kube-controller-manager kube-scheduler; do wanted[${c}]=1; done ;;
     node) for c in kubelet containerd cni; do wanted[${c}]=1; done ;;
     kubernetes) for c in "${kube_binaries[@]}"; do wanted[${c}]=1; done ;;
-    etcd | kube-apiserver | kube-controller-manager | kube-scheduler | kubelet | containerd | cni | kueue | kwok)
+    kind-node) for c in kubeadm kubectl kube-proxy kubelet containerd cni kind crictl coredns; do wanted[${c}]=1; done ;;
+    etcd | kube-apiserver | kube-controller-manager | kube-scheduler | kubelet | containerd | cni | kueue | kwok | \
+      kubeadm | kubectl | kube-proxy | kind | crictl | coredns | helm)
       wanted[${name}]=1
       ;;
     *) die "COMPONENTS: unknown component ${name} (all, control-plane, node, kubernetes, ${every_component[*]})" ;;
@@ -143,7 +169,11 @@ print_env() {
   printf 'CNI_BIN=%q\n' "${cni_bin}"
   printf 'KUEUE_BIN=%q\n' "${kueue_bin}"
   printf 'KWOK_BIN=%q\n' "${kwok_bin}"
-  echo "export KUBE_BIN ETCD_BIN CONTAINERD_BIN CNI_BIN KUEUE_BIN KWOK_BIN"
+  printf 'KIND_BIN=%q\n' "${kind_bin}"
+  printf 'CRICTL_BIN=%q\n' "${crictl_bin}"
+  printf 'COREDNS_BIN=%q\n' "${coredns_bin}"
+  printf 'HELM_BIN=%q\n' "${helm_bin}"
+  echo "export KUBE_BIN ETCD_BIN CONTAINERD_BIN CNI_BIN KUEUE_BIN KWOK_BIN KIND_BIN CRICTL_BIN COREDNS_BIN HELM_BIN"
 }
 
 # -- is a component current? -------------------------------------------------------------------------
@@ -160,6 +190,12 @@ current() {
   local name="$1" plugin
   case "${name}" in
     kube-* | kubelet) answers "${kube_bin}/${name}" --version "Kubernetes ${k8s_version}" ;;
+    kubeadm) answers "${kube_bin}/kubeadm" version -o short "${k8s_version}" ;;
+    kubectl) answers "${kube_bin}/kubectl" version --client "Client Version: ${k8s_version}" ;;
+    kind) answers "${kind_bin}/kind" version "kind ${kind_version} " ;;
+    crictl) answers "${crictl_bin}/crictl" --version "crictl version ${crictl_version}" ;;
+    coredns) answers "${coredns_bin}/coredns" -version "CoreDNS-${coredns_version#v}" ;;
+    helm) answers "${helm_bin}/helm" version --short "${helm_version}" ;;
     etcd) answers "${etcd_bin}/etcd" --version "etcd Version: ${etcd_version#v}" ;;
     containerd)
       answers "${containerd_bin}/containerd" --version " ${containerd_version}" &&
@@ -249,7 +285,7 @@ $(awk '/^godebug \(/ {block = 1} block || /^godebug / {print} block && /^\)/ {bl
 require k8s.io/kubernetes ${k8s_version}
 
 tool (
-$(for b in "${kube_binaries[@]}"; do printf '\tk8s.io/kubernetes/cmd/%s\n' "${b}"; done)
+$(for b in "${kube_binaries[@]}" "${kube_node_tools[@]}"; do printf '\tk8s.io/kubernetes/cmd/%s\n' "${b}"; done)
 )
 
 // One per ./staging/src/k8s.io/ replace of k8s.io/kubernetes's go.mod (which consumers ignore).
@@ -342,6 +378,27 @@ build_kwok() {
     "sigs.k8s.io/kwok/cmd/kwok@${kwok_version}"
 }
 
+# kind's Makefile: CGO off, -trimpath, the version in sigs.k8s.io/kind/pkg/internal/kindversion.
+build_kind() {
+  install_into "${kind_bin}" 0 "" "-s -w -buildid=" "sigs.k8s.io/kind@${kind_version}"
+}
+
+build_crictl() {
+  install_into "${crictl_bin}" 0 selinux \
+    "-s -w -X sigs.k8s.io/cri-tools/pkg/version.Version=${crictl_version}" \
+    "sigs.k8s.io/cri-tools/cmd/crictl@${crictl_version}"
+}
+
+build_helm() {
+  install_into "${helm_bin}" 0 "" "-s -w -X helm.sh/helm/v4/internal/version.version=${helm_version}" \
+    "helm.sh/helm/v4/cmd/helm@${helm_version}"
+}
+
+# coredns's Makefile stamps the git commit only; the version is a constant of the source.
+build_coredns() {
+  install_into "${coredns_bin}" 0 "" "-s -w" "github.com/coredns/coredns@${coredns_version}"
+}
+
 # -- run --------------------------------------------------------------------------------------------
 now_ms() { echo $((${EPOCHREALTIME//[.,]/} / 1000)); }
 dir_of() {
@@ -351,6 +408,10 @@ dir_of() {
     cni) echo "${cni_bin}" ;;
     kueue) echo "${kueue_bin}" ;;
     kwok) echo "${kwok_bin}" ;;
+    kind) echo "${kind_bin}" ;;
+    crictl) echo "${crictl_bin}" ;;
+    coredns) echo "${coredns_bin}" ;;
+    helm) echo "${helm_bin}" ;;
     *) echo "${kube_bin}" ;;
   esac
 }
@@ -372,6 +433,10 @@ dir_of() {
         cni) build_cni ;;
         kueue) build_kueue ;;
         kwok) build_kwok ;;
+        kind) build_kind ;;
+        crictl) build_crictl ;;
+        coredns) build_coredns ;;
+        helm) build_helm ;;
         *) build_kube "${c}" ;;
       esac
       current "${c}" || die "${c} was built but does not answer with the expected version"
