@@ -88,13 +88,13 @@ e2e: $(STAMP)
 	PYTHON=$(PY) hack/e2e.sh
 
 kind-up: $(STAMP)
-	IMAGE=$(IMAGE) hack/kind-up.sh
+	PYTHON=$(PY) IMAGE=$(IMAGE) hack/kind-up.sh
 
 kind-e2e: $(STAMP)
-	$(PY) -m pytest -m e2e tests/e2e
+	PYTHON=$(PY) IMAGE=$(IMAGE) hack/kind-e2e.sh
 
-kind-down:
-	hack/kind-down.sh
+kind-down: $(STAMP)
+	PYTHON=$(PY) hack/kind-down.sh
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache

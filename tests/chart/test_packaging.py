@@ -48,14 +48,17 @@ def test_kind_config() -> None:
     config = yaml.safe_load((REPO_ROOT / "hack/kind-config.yaml").read_text(encoding="utf-8"))
     assert config["kind"] == "Cluster" and config["name"] == "fractional-dra"
     assert [node["role"] for node in config["nodes"]] == ["control-plane", "worker", "worker"]
-    gates = config["featureGates"]
-    for gate in ("DRAConsumableCapacity", "DRAResourceClaimDeviceStatus", "DRADeviceTaints"):
-        assert gates[gate] is True
+    # The feature gates and runtime config are the release's, added by hack/kind_settings.py
+    # (tests/hack/test_kind_settings.py), so that one file serves 1.35 to 1.37.
+    assert "featureGates" not in config and "runtimeConfig" not in config
     (patch,) = config["containerdConfigPatches"]
     assert re.search(r"enable_cdi\s*=\s*true", patch)
-    # kind-up.sh selects the workers by the label the config gives them.
-    (label,) = {key for node in config["nodes"] for key in node.get("labels", {})}
-    assert label.replace(".", "\\\\.") in (REPO_ROOT / "hack/kind-up.sh").read_text(encoding="utf-8")
+    # kind-up.sh selects the workers by the label the config gives them, and their profiles by the other.
+    labels = {key for node in config["nodes"] for key in node.get("labels", {})}
+    assert labels == {"fractional.dev/fake-node", "fractional.dev/fake-profile"}
+    script = (REPO_ROOT / "hack/kind-up.sh").read_text(encoding="utf-8")
+    assert "fractional.dev/fake-node".replace(".", "\\\\.") in script
+    assert "fakeDevices.profileNodeLabel=fractional.dev/fake-profile" in script
 
 
 # -- the chart's copies of fake_devices/ --------------------------------------------------------

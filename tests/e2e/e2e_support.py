@@ -106,8 +106,10 @@ def cdi_files(node: str) -> set[str]:
     """Names of our CDI spec files on ``node`` (``k8s.fractional.dev-<class>_<claimUID>.json``)."""
     if LOCAL_CLUSTER:
         return {p.name for p in (node_dir(node) / "cdi").glob("k8s.fractional.dev-*")}
+    # kind's node containers: docker's, or podman's (hack/kind-e2e.sh exports KIND_PROVIDER).
+    engine = os.environ.get("KIND_PROVIDER", "docker")
     listed = subprocess.run(
-        ["docker", "exec", node, "sh", "-c", "ls /var/run/cdi"], capture_output=True, text=True, check=False
+        [engine, "exec", node, "sh", "-c", "ls /var/run/cdi"], capture_output=True, text=True, check=False
     )
     return {name for name in listed.stdout.split() if name.startswith("k8s.fractional.dev-")}
 
