@@ -594,7 +594,12 @@ class Simulation:
         movers = useful_movers(self.movers(), self.ledger.summary, self.ledger.holders, whole_only=True)
         plan = (
             find_plan(
-                movers, fits=self.fit_check(unit, movers), budget=self.settings.budget, clock=lambda: 0.0
+                movers,
+                fits=self.fit_check(unit, movers),
+                budget=self.settings.budget,
+                clock=lambda: 0.0,
+                group_size=unit.job.gpus_per_pod,
+                groups_wanted=unit.job.pods,
             )
             if movers
             else None

@@ -97,6 +97,7 @@ __all__ = [
     "adds_up",
     "asks_whole_devices",
     "devices_freed",
+    "devices_per_pod",
     "in_window",
     "rollout_patch",
     "stranded_ratio",
@@ -199,6 +200,14 @@ def surge_rollout(deployment: Mapping[str, Any]) -> Rollout | None:
         return None
     meta = deployment.get("metadata") or {}
     return Rollout(namespace=str(meta.get("namespace")), deployment=str(meta.get("name")), surge=surge)
+
+
+def devices_per_pod(plan: GangPlan) -> int:
+    """The most devices one group of the gang (pods sharing a node) asks for on its node."""
+    return max(
+        (sum(count for c in g.pending_claims for count, _ in _gpu_requests(c)) for g in plan.groups),
+        default=1,
+    )
 
 
 def asks_whole_devices(claims: Iterable[Mapping[str, Any]]) -> bool:
@@ -403,10 +412,11 @@ class Consolidator:
                                        refusals=refusals.counts)  # fmt: skip
                 fits = self._fit_check(plan, movers, policy=policy)
                 found = (
-                    find_plan(movers, fits=fits, budget=self.settings.budget, clock=self.clock)
+                    find_plan(movers, fits=fits, budget=self.settings.budget, clock=self.clock,
+                              group_size=devices_per_pod(plan), groups_wanted=len(plan.groups))
                     if movers
                     else None
-                )
+                )  # fmt: skip
                 self.last_plan = found
                 if found is None:
                     reason = "no_movers" if not movers else "no_plan"

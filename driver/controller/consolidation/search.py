@@ -8,11 +8,15 @@ re-starts sooner and is more often re-placed next to others); devices disturbed.
 
 Search, bounded by ``Budget`` (fit checks and milliseconds, whichever runs out first):
 
-1. steps: the movers on one device, and the movers on one node, each step sorted by its cost;
-2. each step alone, cheapest first: the first that fits is the fewest-moves answer among single
-   devices or nodes (the common case: free one GPU, or one node's GPUs, for a whole-GPU pod);
-3. else the cheapest steps together, growing (doubling, then bisection) to the shortest prefix
-   that fits;
+1. steps: the movers on one device; for a gang whose pods need several devices on one node, the
+   movers on that many of a node's devices (its cheapest); the movers on one node; each sorted by
+   its cost;
+2. each step alone, cheapest first (for a gang of several pods or devices, with half the budget
+   at most): the first that fits is the
+   fewest-moves answer among single devices or nodes (the common case: free one GPU, or one node's
+   GPUs, for a whole-GPU pod);
+3. else the cheapest steps of a kind together (a pod's devices per node first, then devices,
+   then nodes), growing (doubling, then bisection) to the shortest prefix that fits;
 4. then reprieve: movers are handed back one by one, most disruptive first, while it still fits.
 
 A plan never exceeds ``max_moves`` pods; the gang must not fit with nothing moved (the caller
@@ -147,17 +151,29 @@ class _Search:
         return keys
 
 
-def _steps(movers: Sequence[Mover], search: _Search) -> tuple[list[frozenset[str]], list[frozenset[str]]]:
+def _steps(
+    movers: Sequence[Mover], search: _Search, group_size: int
+) -> tuple[list[frozenset[str]], list[frozenset[str]], list[frozenset[str]]]:
+    """The steps: the movers on one device; on the ``group_size`` cheapest devices of one node (the
+    devices one pod of the gang needs there); on one node. Each list sorted by cost."""
     by_device: dict[Any, set[str]] = {}
     by_node: dict[str, set[str]] = {}
+    devices_of_node: dict[str, set[Any]] = {}
     for mover in movers:
         for device in mover.devices:
             by_device.setdefault(device, set()).add(mover.key)
         for node in mover.nodes:
             by_node.setdefault(node, set()).add(mover.key)
+            devices_of_node.setdefault(node, set()).update(mover.devices)
     devices = sorted({frozenset(s) for s in by_device.values()}, key=search.cost)
+    groups: set[frozenset[str]] = set()
+    if group_size > 1:
+        for node_devices in devices_of_node.values():
+            cheapest = sorted((frozenset(by_device[d]) for d in node_devices), key=search.cost)[:group_size]
+            if len(cheapest) == group_size:
+                groups.add(frozenset().union(*cheapest))
     nodes = sorted({frozenset(s) for s in by_node.values()}, key=search.cost)
-    return devices, nodes
+    return devices, sorted(groups, key=search.cost), nodes
 
 
 def find_plan(
@@ -166,25 +182,32 @@ def find_plan(
     fits: PlanFit,
     budget: Budget = Budget(),
     clock: Callable[[], float] = time.monotonic,
+    group_size: int = 1,
+    groups_wanted: int = 1,
 ) -> MovePlan | None:
-    """The cheapest plan found within the budget (module docstring), or None."""
+    """The cheapest plan found within the budget (module docstring), or None. ``group_size``: the
+    devices the largest pod of the gang needs on one node (its steps then also free that many
+    devices of one node at once); ``groups_wanted``: the gang's pods that each need a node of
+    their own choosing (its groups)."""
     search = _Search(movers={m.key: m for m in movers}, fits=fits, budget=budget, clock=clock)
     search.started = clock()
     if not movers:
         return None
-    devices, nodes = _steps(movers, search)
+    devices, groups, nodes = _steps(movers, search, group_size)
     found: frozenset[str] | None = None
-    singles = sorted({*devices, *nodes}, key=search.cost)
+    singles = sorted({*devices, *groups, *nodes}, key=search.cost)
+    # A gang of several pods or devices rarely fits in one step: half the budget at most, the
+    # growing steps need the rest. A pod of one device spends all of it on single steps if need be.
+    single_checks = budget.fit_checks // 2 if group_size > 1 or groups_wanted > 1 else budget.fit_checks
     for step in singles:
-        if search.spent():
+        if search.spent() or search.checks >= single_checks:
             break
         if search.fit(step) is not None:
             found = step
             break
-    if found is None:
-        found = search.shortest_prefix(devices)
-    if found is None:
-        found = search.shortest_prefix(nodes)
+    for steps in (groups, devices, nodes):
+        if found is None and steps:
+            found = search.shortest_prefix(steps)
     if found is None:
         return None
     found = search.reprieve(found)
