@@ -18,7 +18,13 @@ from driver.controller.consolidation.consolidator import (
     surge_rollout,
     useful_movers,
 )
-from driver.controller.consolidation.movers import MoverRules, build_movers, controller_owner, pod_started
+from driver.controller.consolidation.movers import (
+    Mover,
+    MoverRules,
+    build_movers,
+    controller_owner,
+    pod_started,
+)
 from driver.controller.consolidation.search import Budget, Move, MovePlan, PlanCost, find_plan
 from driver.controller.preemption.victims import Placement
 from driver.errors import ConfigError
@@ -365,3 +371,24 @@ def test_only_movers_worth_a_fit_check_are_searched() -> None:
 def test_a_gang_asks_whole_devices_when_no_request_names_a_capacity() -> None:
     assert asks_whole_devices([gpu_claim_asking(None), gpu_claim_asking(None, count=2)])
     assert not asks_whole_devices([gpu_claim_asking(None), gpu_claim_asking("10Gi")])
+
+
+def _mover(key: str, node: str, device: str) -> Mover:
+    return Mover(
+        key=key, pods=({"metadata": {"name": key}},), claims=(), owner_uid=key, owner=f"ReplicaSet/{key}",
+        priority=0, devices=frozenset({("fractional.dev", node, device)}), nodes=(node,), whole=False,
+        spare=False,
+    )  # fmt: skip
+
+
+def test_a_gang_pod_that_needs_two_gpus_of_a_node_gets_them_freed_together() -> None:
+    """Single steps free one GPU each and never fit; with them capped at half the budget, the step
+    that frees a pod's two GPUs of one node is tried (the bench's gangs waited for want of it)."""
+    movers = [_mover(f"q{i}", "n2", f"gpu-{i}") for i in range(4)]
+
+    def fits(moved: frozenset[str]) -> tuple[Placement, tuple[Move, ...]] | None:
+        return (Placement((), ()), ()) if len(moved) >= 2 else None
+
+    found = find_plan(movers, fits=fits, budget=Budget(fit_checks=4), group_size=2, groups_wanted=1)
+    assert found is not None and len(found.movers) == 2 and found.fit_checks <= 4
+    assert find_plan(movers, fits=fits, budget=Budget(fit_checks=4)) is None  # one GPU a pod: all singles
