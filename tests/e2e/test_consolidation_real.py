@@ -4,8 +4,8 @@ priority that fits only once one share moves beside the other. kube-apiserver's 
 PodDisruptionBudgets), the real ReplicaSet and Deployment controllers making the replacements, the
 chart's policies on the controller's writes.
 
-The chart runs with ``controller.consolidation`` on (minimum runtime 60 s, no cooldown) for this
-module, then back to its defaults.
+The chart runs with ``controller.consolidation`` on (minimum runtime 45 s, no cooldown, retried after
+5 s) for this module, then back to its defaults.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ pytestmark = [
 ]
 
 NODE_PROFILE = {"fractional.dev/fake-profile": "a100-pcie-4x"}
-MIN_RUNTIME = 60
+MIN_RUNTIME = 45
 MOVABLE = {"fractional.dev/movable": "true"}
 
 
@@ -39,7 +39,8 @@ def consolidating(real_cluster: None) -> Iterator[None]:
     from localcluster.driver import upgrade_driver
 
     local = LocalCluster()
-    settings = {"enabled": True, "minRuntimeSeconds": MIN_RUNTIME, "cooldownSeconds": 0}
+    # Retried every 5 s, doubling: a plan comes soon after the shares reach the minimum runtime.
+    settings = {"enabled": True, "minRuntimeSeconds": MIN_RUNTIME, "cooldownSeconds": 0, "retrySeconds": 5}
     upgrade_driver(local, controller={"consolidation": settings})
     kubectl("rollout", "status", "deployment", "-n", "fractional-system", "-l",
             "app.kubernetes.io/component=controller", "--timeout=300s", timeout=320)  # fmt: skip
