@@ -78,14 +78,13 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import percentile, summary, write_result
-from bench.bench_preemption import GPU_GI, GPUS_PER_NODE, node_slice
+from bench.bench_preemption import GPU_GI, GPUS_PER_NODE, empty_cluster
 from driver.allocator import ClusterState
 from driver.controller.consolidation.consolidator import adds_up, devices_freed, stand_in, useful_movers
 from driver.controller.consolidation.movers import MOVABLE_LABEL, Mover, MoverRules, build_movers
 from driver.controller.consolidation.search import Budget, Move, MovePlan, find_plan
 from driver.controller.model.objects import allocation_node
 from driver.controller.preemption.victims import DeviceKey, Placement
-from driver.slices import build_device_classes
 
 NAMESPACE = "bench"
 POLICY = "best-fit"
@@ -247,14 +246,7 @@ def result_devices(allocation: Mapping[str, Any]) -> list[DeviceKey]:
 
 
 def build_state(nodes: int) -> tuple[ClusterState, list[str]]:
-    state = ClusterState()
-    for device_class in build_device_classes():
-        state.upsert_class(device_class)
-    names = [f"node-{i:03d}" for i in range(nodes)]
-    for node in names:
-        state.upsert_node(node, {"kubernetes.io/hostname": node})
-        state.upsert_slice(node_slice(node))
-    return state, names
+    return empty_cluster(nodes)
 
 
 class Ledger:

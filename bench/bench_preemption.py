@@ -81,10 +81,8 @@ def allocated(name: str, node: str, device: str, memory_gi: int) -> dict[str, An
     return body
 
 
-def build_cluster(
-    nodes: int, shares: int, seed: int
-) -> tuple[ClusterState, list[dict[str, Any]], dict[str, Any]]:
-    rng = random.Random(seed)
+def empty_cluster(nodes: int) -> tuple[ClusterState, list[str]]:
+    """``nodes`` nodes of GPUS_PER_NODE GPUs in a fresh ``ClusterState``, nothing allocated."""
     state = ClusterState()
     for device_class in build_device_classes():
         state.upsert_class(device_class)
@@ -92,6 +90,14 @@ def build_cluster(
     for node in names:
         state.upsert_node(node, {"kubernetes.io/hostname": node})
         state.upsert_slice(node_slice(node))
+    return state, names
+
+
+def build_cluster(
+    nodes: int, shares: int, seed: int
+) -> tuple[ClusterState, list[dict[str, Any]], dict[str, Any]]:
+    rng = random.Random(seed)
+    state, names = empty_cluster(nodes)
     free = {(n, f"gpu-{g}"): GPU_GI for n in names for g in range(GPUS_PER_NODE)}
     devices = list(free)
     pods: list[dict[str, Any]] = []
