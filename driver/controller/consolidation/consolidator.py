@@ -338,8 +338,6 @@ class Consolidator:
     wall: Callable[[], float] = time.time
     backoff: dict[str, _Backoff] = field(default_factory=dict)  # under cache.lock
     moved_at: dict[str, float] = field(default_factory=dict)  # owner UID -> wall time of its last move
-    last_plan: MovePlan | None = None
-    moved: int = 0
 
     # -- the job of an unschedulable gang (a writer thread) -----------------------------------------
 
@@ -397,8 +395,7 @@ class Consolidator:
         held_back = ""
         with new_api_client(self.configuration) as api_client:
             try:
-                namespaces = self._movable_namespaces(api_client)
-                budgets = self.preemptor.read_budgets(api_client)
+                namespaces, budgets = self._read_opt_ins(api_client)
             except FractionalError as error:
                 self._refused("api")
                 self.back_off(gang, f"cannot read namespaces or PodDisruptionBudgets: {bounded(error)}")
@@ -417,7 +414,6 @@ class Consolidator:
                     if movers
                     else None
                 )  # fmt: skip
-                self.last_plan = found
                 if found is None:
                     reason = "no_movers" if not movers else "no_plan"
                     self._refused(reason)
@@ -463,8 +459,7 @@ class Consolidator:
             self.metrics.consolidation_plans.labels(outcome="scheduled_tried").inc()
         with new_api_client(self.configuration) as api_client:
             try:
-                namespaces = self._movable_namespaces(api_client)
-                budgets = self.preemptor.read_budgets(api_client)
+                namespaces, budgets = self._read_opt_ins(api_client)
             except FractionalError as error:
                 self._refused("api")
                 log.info("scheduled consolidation skipped", extra={"error": bounded(error)})
@@ -583,7 +578,6 @@ class Consolidator:
                 except FractionalError as error:
                     log.warning("move failed", extra={"pod": str(object_key(pod)), "error": bounded(error)})
                     continue
-                self.moved += 1
                 if self.metrics is not None:
                     self.metrics.consolidation_pods_moved.inc()
                 message = (f"Moved by {self.identity or 'fractional-dra'} in a scheduled consolidation, to "
@@ -635,6 +629,10 @@ class Consolidator:
         return device_holders(
             c for c in self.cache.objects(Kind.CLAIM) if (c.get("status") or {}).get("allocation")
         )
+
+    def _read_opt_ins(self, api_client: client.ApiClient) -> tuple[frozenset[str], list[DisruptionBudget]]:
+        """The namespaces that opted in, and every PodDisruptionBudget, as read now."""
+        return self._movable_namespaces(api_client), self.preemptor.read_budgets(api_client)
 
     def _movable_namespaces(self, api_client: client.ApiClient) -> frozenset[str]:
         with api_errors("list Namespaces"):
@@ -899,7 +897,6 @@ class Consolidator:
                     log.warning("move failed", extra={"gang": gang, "pod": str(object_key(pod)),
                                                       "error": bounded(error)})  # fmt: skip
                     continue  # the nomination's deadline ends the wait if this one never goes
-                self.moved += 1
                 if self.metrics is not None:
                     self.metrics.consolidation_pods_moved.inc()
                 how = (f"Deployment {rollout.deployment} rolls out its replacement first (maxSurge "

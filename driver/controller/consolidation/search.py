@@ -60,7 +60,6 @@ class MovePlan:
     placement: Placement  # the waiting gang's, once the movers are gone
     cost: PlanCost
     fit_checks: int = 0
-    exhausted: bool = False  # the budget ran out before the search ended
 
 
 PlanFit = Callable[[frozenset[str]], tuple[Placement, tuple[Move, ...]] | None]
@@ -221,5 +220,4 @@ def find_plan(
         placement=placement,
         cost=cost_of(chosen),
         fit_checks=search.checks,
-        exhausted=search.spent(),
     )

@@ -312,23 +312,25 @@ class Preemptor:
         nomination = self.nominations.get(plan.key)
         if nomination is None or not nomination.nodes or plan.topology_key is not None:
             return None  # a gang held to one topology domain is decided by its own rule (topology.py)
-        others = {str(n["metadata"]["name"]) for n in self.cache.objects(Kind.NODE)} - nomination.nodes
-        excluded = frozenset(others) | static_exclusions(self.cache, plan)
-        with self._holding(self._held_against(plan)):
-            chosen = allocate_groups(self.cache, plan.groups, policy=policy, exclude_nodes=excluded)
-        if chosen is None:
-            return None
-        by_claim = {str(object_key(c)): a for c, a in chosen}
-        pod_nodes = tuple((pod, group_node(group, by_claim)) for group in plan.groups for pod in group.pods)
-        return Decision(outcome="allocated", allocations=tuple(chosen), pod_nodes=pod_nodes)
+        return self._decision_on(plan, nomination.nodes, self._held_against(plan), policy=policy)
 
     def reserved_decision(self, plan: GangPlan, rid: str, *, policy: str) -> Decision | None:
         """The replacement of a moved pod, on the node its reservation keeps (with the reservation
         lifted for it, every other hold in force), or None when it does not fit there."""
-        reservation = self.reservations[rid]
-        others = {str(n["metadata"]["name"]) for n in self.cache.objects(Kind.NODE)} - {reservation.node}
+        node = self.reservations[rid].node
+        return self._decision_on(
+            plan, frozenset({node}), frozenset(self.nominations), policy=policy, lifted=rid
+        )
+
+    def _decision_on(
+        self, plan: GangPlan, nodes: frozenset[str], held: frozenset[GangKey], *, policy: str,
+        lifted: str | None = None,
+    ) -> Decision | None:  # fmt: skip
+        """The gang allocated on ``nodes`` only, with ``held`` nominations and every reservation but
+        ``lifted`` counted as taken; None when it does not fit there."""
+        others = {str(n["metadata"]["name"]) for n in self.cache.objects(Kind.NODE)} - nodes
         excluded = frozenset(others) | static_exclusions(self.cache, plan)
-        with self._holding(frozenset(self.nominations), lifted=rid):
+        with self._holding(held, lifted=lifted):
             chosen = allocate_groups(self.cache, plan.groups, policy=policy, exclude_nodes=excluded)
         if chosen is None:
             return None
