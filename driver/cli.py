@@ -402,6 +402,11 @@ def _build_parser() -> argparse.ArgumentParser:
         "the scheduled pass",
     )  # fmt: skip
     p.add_argument(
+        "--consolidation-schedule-max-moves-per-gpu", type=int,
+        default=_env_int("--consolidation-schedule-max-moves-per-gpu", 1),
+        help="most pods the scheduled pass moves to free one GPU (a GPU holding more is left as it is)",
+    )  # fmt: skip
+    p.add_argument(
         "--consolidation-schedule-interval", type=float,
         default=_env_float("--consolidation-schedule-interval", 300.0),
         help="seconds between two scheduled passes",
@@ -631,6 +636,7 @@ def build_controller_config(args: argparse.Namespace) -> ControllerConfig:
         consolidation_schedule=args.consolidation_schedule,
         consolidation_schedule_window=args.consolidation_schedule_window,
         consolidation_schedule_stranded_ratio=args.consolidation_schedule_stranded_ratio,
+        consolidation_schedule_max_moves_per_gpu=args.consolidation_schedule_max_moves_per_gpu,
         consolidation_schedule_interval_seconds=args.consolidation_schedule_interval,
         gang_sources=args.gang_sources,
         allow_claim_backend_override=args.allow_claim_backend_override,

@@ -209,6 +209,7 @@ class ControllerConfig:
     consolidation_schedule: bool = False
     consolidation_schedule_window: str = ""  # "HH:MM-HH:MM" UTC; empty: any time
     consolidation_schedule_stranded_ratio: float = 0.25
+    consolidation_schedule_max_moves_per_gpu: int = 1  # a GPU holding more pods is not emptied
     consolidation_schedule_interval_seconds: float = 300.0
     gang_sources: str = "auto"  # comma list (driver.gang_sources); auto: upstream, ours, markers
     allow_claim_backend_override: bool = True  # false: a claim naming its own backend is not allocated
@@ -252,6 +253,9 @@ class ControllerConfig:
         _check_positive("--consolidation-search-ms", self.consolidation_search_ms)
         _check_positive("--consolidation-retry", self.consolidation_retry_seconds)
         _check_positive("--consolidation-schedule-interval", self.consolidation_schedule_interval_seconds)
+        _check_positive(
+            "--consolidation-schedule-max-moves-per-gpu", self.consolidation_schedule_max_moves_per_gpu
+        )
         if not 0 < self.consolidation_schedule_stranded_ratio <= 1:
             flag = "--consolidation-schedule-stranded-ratio"
             raise ConfigError(

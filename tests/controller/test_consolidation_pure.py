@@ -13,6 +13,7 @@ from driver.controller.consolidation.consolidator import (
     adds_up,
     asks_whole_devices,
     devices_freed,
+    drain_order,
     in_window,
     stranded_ratio,
     surge_rollout,
@@ -392,3 +393,32 @@ def test_a_gang_pod_that_needs_two_gpus_of_a_node_gets_them_freed_together() -> 
     found = find_plan(movers, fits=fits, budget=Budget(fit_checks=4), group_size=2, groups_wanted=1)
     assert found is not None and len(found.movers) == 2 and found.fit_checks <= 4
     assert find_plan(movers, fits=fits, budget=Budget(fit_checks=4)) is None  # one GPU a pod: all singles
+
+
+def test_the_scheduled_pass_empties_only_gpus_one_move_frees_nearest_a_free_node_first() -> None:
+    """``drain_order``: a GPU another claim pins, a whole-GPU mover's and (by default) one that needs
+    two moves are never tried; among the rest, the GPU beside the most free GPUs comes first."""
+    movers = [
+        *movers_of([pod("a", node="n1")], [claim("a-c", "gpu-0", node="n1")])[0],
+        *movers_of([pod("b", node="n2")], [claim("b-c", "gpu-0", node="n2")])[0],
+        *movers_of(
+            [pod("c", node="n2"), pod("d", node="n2")],
+            [claim("c-c", "gpu-1", node="n2"), claim("d-c", "gpu-1", node="n2")],
+        )[0],
+        *movers_of([pod("e", node="n1")], [claim("e-c", "gpu-1", node="n1")])[0],
+        *movers_of([pod("w", node="n1")], [claim("w-c", "gpu-2", node="n1", shared=False)])[0],
+    ]
+    key = {name: ("fractional.dev", node, gpu) for name, node, gpu in
+           [("a", "n1", "gpu-0"), ("b", "n2", "gpu-0"), ("cd", "n2", "gpu-1"), ("e", "n1", "gpu-1"),
+            ("w", "n1", "gpu-2")]}  # fmt: skip
+    holders = {key["a"]: 1, key["b"]: 1, key["cd"]: 2, key["e"]: 2, key["w"]: 1}  # e's GPU holds another
+    free = {"shares": 0, "exclusive": False}
+    summary = {"n1": {"gpu-3": {**free, "pool": "n1"}},
+               "n2": {"gpu-2": {**free, "pool": "n2"}, "gpu-3": {**free, "pool": "n2"}}}  # fmt: skip
+    order = drain_order(movers, holders, summary)
+    assert [(device, [m.key for m in held]) for device, held in order] == [
+        (key["b"], ["default/b"]),  # n2 has two GPUs free, n1 one
+        (key["a"], ["default/a"]),
+    ]
+    wider = drain_order(movers, holders, summary, max_pods=2)
+    assert [device for device, _ in wider] == [key["b"], key["a"], key["cd"]]  # two moves cost more

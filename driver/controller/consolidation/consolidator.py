@@ -97,6 +97,7 @@ __all__ = [
     "adds_up",
     "asks_whole_devices",
     "devices_freed",
+    "drain_order",
     "devices_per_pod",
     "in_window",
     "rollout_patch",
@@ -104,6 +105,7 @@ __all__ = [
     "stand_in",
     "surge_rollout",
     "useful_movers",
+    "whole_hold",
 ]
 
 log = logging.getLogger(__name__)
@@ -130,6 +132,7 @@ class Schedule:
     window: tuple[int, int] | None = None
     stranded_ratio: float = 0.25
     interval_seconds: float = 300.0
+    max_moves_per_device: int = 1  # a GPU holding more pods that would move is not emptied
 
 
 def in_window(window: tuple[int, int] | None, minute: int) -> bool:
@@ -263,6 +266,42 @@ def useful_movers(
             continue
         kept.append(mover)
     return kept
+
+
+def drain_order(
+    movers: Iterable[Mover],
+    holders: Mapping[DeviceKey, int],
+    free_summary: Mapping[str, Mapping[str, Mapping[str, Any]]],
+    *,
+    max_pods: int = 1,
+) -> list[tuple[DeviceKey, list[Mover]]]:
+    """The GPUs the scheduled pass may empty, in the order it tries them: only a GPU whose every
+    claim is a share mover's (``holders``: allocated claims per device) and that moving at most
+    ``max_pods`` pods empties; the fewest pods moved first (then the least disruption, as
+    ``cost_of``), then the GPU on the node with the most GPUs already free (a whole node for a gang
+    sooner), then by name."""
+    by_device: dict[DeviceKey, list[Mover]] = {}
+    on_device: dict[DeviceKey, int] = {}
+    for mover in movers:
+        if mover.whole:
+            continue
+        for device in mover.devices:
+            by_device.setdefault(device, []).append(mover)
+        for claim in mover.claims:
+            for device in _result_devices((claim.get("status") or {}).get("allocation") or {}):
+                on_device[device] = on_device.get(device, 0) + 1
+    free_by_pool: dict[str, int] = {}
+    for node, devices in free_summary.items():
+        for info in devices.values():
+            if not info.get("shares") and not info.get("exclusive"):
+                pool = str(info.get("pool") or node)
+                free_by_pool[pool] = free_by_pool.get(pool, 0) + 1
+    drainable = [
+        (d, held) for d, held in by_device.items()
+        if on_device.get(d, 0) >= holders.get(d, 0) and sum(len(m.pods) for m in held) <= max_pods
+    ]  # fmt: skip
+    drainable.sort(key=lambda entry: (cost_of(entry[1]), -free_by_pool.get(entry[0][1], 0), entry[0]))
+    return drainable
 
 
 def rollout_patch(token: str) -> dict[str, Any]:
@@ -482,28 +521,15 @@ class Consolidator:
             return self._execute_scheduled(client.CoreV1Api(api_client), found)
 
     def _drain_plan(self, movers: list[Mover], policy: str) -> MovePlan | None:
-        """The cheapest GPU to empty (fewest pods on it) whose pods all find a place on another
-        partly used GPU, within the search budget. Under ``cache.lock``."""
+        """The first GPU in ``drain_order`` whose pods all find a place on another partly used GPU,
+        within the search budget. Under ``cache.lock``."""
         state = self.cache.state
         summary = state.free_summary()
         holders = device_holders(
             c for c in self.cache.objects(Kind.CLAIM) if (c.get("status") or {}).get("allocation")
         )
-        by_device: dict[DeviceKey, list[Mover]] = {}
-        for mover in movers:
-            if not mover.whole:
-                for device in mover.devices:
-                    by_device.setdefault(device, []).append(mover)
-
-        def claims_on(device: DeviceKey, held: list[Mover]) -> int:
-            return sum(
-                1 for m in held for c in m.claims
-                if device in _result_devices((c.get("status") or {}).get("allocation") or {})
-            )  # fmt: skip
-
-        # Only a GPU whose every claim may move is emptied by moving them.
-        drainable = [(d, held) for d, held in by_device.items() if claims_on(d, held) >= holders.get(d, 0)]
-        drainable.sort(key=lambda entry: (cost_of(entry[1]), entry[0]))
+        most = min(self.settings.schedule.max_moves_per_device, self.settings.budget.max_moves)
+        drainable = drain_order(movers, holders, summary, max_pods=most)
         free = [
             (DRIVER_NAME, str(info.get("pool") or node), name)
             for node, devices in summary.items() for name, info in devices.items()
@@ -515,8 +541,6 @@ class Consolidator:
             spent_ms = (self.clock() - started) * 1000.0
             if checks >= self.settings.budget.fit_checks or spent_ms >= self.settings.budget.milliseconds:
                 break
-            if sum(len(m.pods) for m in held) > self.settings.budget.max_moves:
-                continue
             moves = self._drain(held, [device, *free], nodes, policy)
             if moves is not None:
                 chosen = tuple(sorted(held, key=lambda m: m.key))
@@ -535,7 +559,7 @@ class Consolidator:
         use = self._node_room(movers, nodes)
         try:
             with ExitStack() as held:
-                held.enter_context(tentative_allocations(self.cache, [_whole_hold(d) for d in kept]))
+                held.enter_context(tentative_allocations(self.cache, [whole_hold(d) for d in kept]))
                 held.enter_context(self.preemptor.holding_all())
                 moves: list[Move] = []
                 for mover in sorted(movers, key=lambda m: m.key):
@@ -959,7 +983,7 @@ class Consolidator:
         }
 
 
-def _whole_hold(device: DeviceKey) -> tuple[dict[str, Any], dict[str, Any]]:
+def whole_hold(device: DeviceKey) -> tuple[dict[str, Any], dict[str, Any]]:
     """A stand-in claim holding ``device`` whole (an exclusive result), for ``tentative_allocations``."""
     driver, pool, name = device
     claim = {"metadata": {"namespace": "", "name": f"hold.{pool}.{name}", "uid": f"hold:{pool}/{name}"}}
