@@ -96,10 +96,11 @@ def pod_status(pod: Mapping[str, Any], *, started: bool, now: str, node_ip: str 
     """The status the kubelet reports for a pod it has admitted: ``Running`` with the conditions
     ``kubectl wait --for=condition=Ready`` reads (PodReadyToStartContainers, Initialized, Ready,
     ContainersReady, PodScheduled) and one running, ready status per container; or, when
-    ``started`` is false (preparing its resources failed), ``Failed`` with Ready ``False``."""
+    ``started`` is false (preparing its resources failed: the kubelet tries again), ``Pending`` with
+    Ready ``False`` and every container waiting in ContainerCreating."""
     spec = pod.get("spec") or {}
     ready = "True" if started else "False"
-    reason = {} if started else {"reason": "PodFailed"}
+    reason = {} if started else {"reason": "ContainersNotReady"}
     conditions = [
         {"type": "PodReadyToStartContainers", "status": ready, "lastTransitionTime": now},
         {"type": "Initialized", "status": "True", "lastTransitionTime": now},
@@ -116,7 +117,7 @@ def pod_status(pod: Mapping[str, Any], *, started: bool, now: str, node_ip: str 
         for c in spec.get("containers") or []
     ]  # fmt: skip
     status: dict[str, Any] = {
-        "phase": "Running" if started else "Failed",
+        "phase": "Running" if started else "Pending",
         "conditions": conditions,
         "containerStatuses": containers,
         "startTime": now,

@@ -19,6 +19,7 @@ import datetime
 import logging
 import socket
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
@@ -148,6 +149,8 @@ class PodBinder:
         self._kubelets = kubelets
         self._lock = threading.Lock()
         self._bound: dict[str, BoundPod] = {}
+        # bound pods whose claims the node agent refused to prepare: (monotonic time of the next try, tries)
+        self._preparing: dict[str, tuple[float, int]] = {}
         self._thread: threading.Thread | None = None
         # pod UID -> the FailedScheduling message last said (used by the one thread that syncs)
         self._unschedulable: dict[str, str] = {}
@@ -187,8 +190,12 @@ class PodBinder:
         present: dict[str, dict[str, Any]] = {}
         node_count = 0
         for pod in (as_dict(item) for item in pods.items):
-            present[self._key(pod["metadata"]["namespace"], pod["metadata"]["name"])] = pod
+            key = self._key(pod["metadata"]["namespace"], pod["metadata"]["name"])
+            present[key] = pod
             spec = pod.get("spec") or {}
+            if key in self._preparing and not pod["metadata"].get("deletionTimestamp"):
+                self._prepare_again(core, key, pod)
+                continue
             if (
                 spec.get("schedulingGates")
                 or spec.get("nodeName")
@@ -208,6 +215,8 @@ class PodBinder:
             except FractionalError as error:  # this pod's namespace going away, a conflict: the others go on
                 where = f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
                 log.warning("pod not bound this pass", extra={"pod": where, "error": str(error)[:300]})
+        for key in [k for k in self._preparing if k not in present]:
+            del self._preparing[key]
         uids = {pod["metadata"]["uid"] for pod in present.values()}
         for uid in [uid for uid in self._unschedulable if uid not in uids]:
             del self._unschedulable[uid]
@@ -219,6 +228,19 @@ class PodBinder:
             ]
         for bound in gone:
             self._release(resource, bound)
+
+    def _prepare_again(self, core: client.CoreV1Api, key: str, pod: dict[str, Any]) -> None:
+        with self._lock:
+            bound = self._bound.get(key)
+            due = self._preparing[key][0] <= time.monotonic()
+        if bound is None or bound.uid != pod["metadata"]["uid"]:
+            self._preparing.pop(key, None)
+            return
+        if due:
+            try:
+                self._prepare(core, pod, bound)
+            except FractionalError as error:
+                log.warning("prepare not retried this pass", extra={"pod": key, "error": str(error)[:300]})
 
     def _schedule(self, resource: client.ResourceV1Api, pod: dict[str, Any], node_count: int) -> str | None:
         """kube-scheduler's DRA plugin, for an ungated pod outside our controller's gangs: allocate its
@@ -384,7 +406,15 @@ class PodBinder:
             log.info("pod gone before it was bound", extra={"pod": f"{namespace}/{name}"})
             self._release(resource, BoundPod(name, pod_uid, node, refs, namespace=namespace))
             return
-        answer = self._kubelets[node].prepare(refs) if refs else {}
+        self._prepare(core, pod, BoundPod(name, pod_uid, node, refs, namespace=namespace))
+
+    def _prepare(self, core: client.CoreV1Api, pod: dict[str, Any], bound: BoundPod) -> None:
+        """NodePrepareResources for a bound pod, then its status: Running, or (a claim refused) Pending
+        with its containers waiting in ContainerCreating, prepared again on a later pass with backoff,
+        as the kubelet retries (e.g. while a share released a moment ago is still prepared for the pod
+        that held it: the node agent refuses the overcommit until the kubelet unprepares it)."""
+        namespace, name, refs = bound.namespace, bound.name, bound.claims
+        answer = self._kubelets[bound.node].prepare(refs) if refs else {}
         cdi_devices: list[str] = []
         by_claim: dict[str, list[str]] = {}
         errors = []
@@ -395,16 +425,24 @@ class PodBinder:
             for device in result.get("devices", []):
                 cdi_devices.extend(device.get("cdi_device_ids", []))
                 by_claim.setdefault(ref["name"], []).extend(device.get("cdi_device_ids", []))
-        bound = BoundPod(name, pod_uid, node, refs, cdi_devices, "; ".join(errors) or None)
+        bound.cdi_devices, bound.error = cdi_devices, "; ".join(errors) or None
         bound.container_cdi_devices = container_cdi_devices(pod, by_claim)
-        bound.namespace = namespace
         status = pod_status(pod, started=not errors, now=new_timestamp())
         phase = status["phase"]
+        key = self._key(namespace, name)
         # Recorded before its status is written: a pod deleted from here on (seen: a Job's pod, in
         # the namespace a test deletes) is released by the next pass, its claims unprepared and
         # unreserved, and the namespace can go.
         with self._lock:
-            self._bound[self._key(namespace, name)] = bound
+            self._bound[key] = bound
+            if errors:
+                tries = self._preparing.get(key, (0.0, 0))[1] + 1
+                self._preparing[key] = (time.monotonic() + min(10.0, 0.25 * 2**tries), tries)
+            else:
+                self._preparing.pop(key, None)
+        if errors:
+            where = f"{namespace}/{name}"
+            log.info("prepare refused, retrying", extra={"pod": where, "error": bound.error})
         try:
             with api_errors(f"update status of Pod {namespace}/{name}"):
                 core.patch_namespaced_pod(
@@ -419,7 +457,8 @@ class PodBinder:
         except NotFoundError:
             log.info("pod gone before its status was written", extra={"pod": f"{namespace}/{name}"})
             return
-        log.info("pod bound and prepared", extra={"pod": f"{namespace}/{name}", "node": node, "phase": phase})
+        where = f"{namespace}/{name}"
+        log.info("pod bound and prepared", extra={"pod": where, "node": bound.node, "phase": phase})
 
     def _reserve(
         self, resource: client.ResourceV1Api, raw: dict[str, Any], pod_name: str, pod_uid: str
