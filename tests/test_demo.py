@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from driver.kube import load_configuration, new_api_client
+from driver.kube import as_dict, load_configuration, new_api_client
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -133,6 +133,21 @@ def test_demo_small_scenario_outcome_in_the_api(tmp_path: Path) -> None:
         for index in range(2):
             assert results(f"urgent-{index}-claim")
             assert not core.read_namespaced_pod(f"urgent-{index}", "demo").spec.scheduling_gates
+        # the consolidation scene: one replica of Deployment 'web' moved beside the other, 'solo' on
+        # the GPU it left, the ReplicaSet's replacement in the room kept for it
+        (moved,) = [e.involved_object.name for e in events if e.reason == "Consolidated"]
+        (consolidating,) = [e for e in events if e.reason == "Consolidating"]
+        assert consolidating.involved_object.name == "solo" and moved in consolidating.message
+        web = [as_dict(p) for p in core.list_namespaced_pod("demo", label_selector="app=web").items]
+        assert len(web) == 2 and moved not in {p["metadata"]["name"] for p in web}
+        web_gpus = set()
+        for pod in web:
+            (entry,) = pod["status"]["resourceClaimStatuses"]
+            (result,) = results(entry["resourceClaimName"])
+            web_gpus.add((result["pool"], result["device"]))
+        (solo,) = results("solo-claim")
+        assert len(web_gpus) == 1 and (solo["pool"], solo["device"]) not in web_gpus  # packed; solo whole
+        assert not any(name.startswith(moved) for name in claims)  # the moved pod's claim went with it
         assert (tmp_path / "out" / "packing.png").stat().st_size > 0
     finally:
         if api_client is not None:

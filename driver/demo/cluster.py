@@ -28,12 +28,15 @@ from driver.demo.objects import build_device_classes, build_node
 from driver.errors import FractionalError
 from driver.kube import REQUEST_TIMEOUT_SECONDS, api_errors, new_api_client
 
-__all__ = ["DemoNode", "FakeCluster"]
+__all__ = ["CONSOLIDATION_MIN_RUNTIME_SECONDS", "DemoNode", "FakeCluster"]
 
 log = logging.getLogger(__name__)
 
 STARTUP_TIMEOUT_SECONDS = 30.0
 KUBELET_VERSION = "1.35"  # the simulated kubelets' release (a supported skew from the 1.37 API)
+# The demo's controller consolidates (off by default in the product), with no minimum runtime so that
+# the consolidation scene need not wait; the chart's default is 600 s.
+CONSOLIDATION_MIN_RUNTIME_SECONDS = 0
 
 
 @dataclass
@@ -210,6 +213,9 @@ class FakeCluster:
                 "127.0.0.1",
                 "--log-format",
                 "json",
+                "--consolidation",
+                "--consolidation-min-runtime",
+                str(CONSOLIDATION_MIN_RUNTIME_SECONDS),
             ],
             stdout=self.controller_log,
             stderr=subprocess.STDOUT,

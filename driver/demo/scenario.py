@@ -19,6 +19,7 @@ from kubernetes import client
 from driver.config import DemoConfig
 from driver.demo.binder import PodBinder
 from driver.demo.cluster import DemoNode, FakeCluster, wait_until
+from driver.demo.consolidation_scene import run_consolidation_scene
 from driver.demo.objects import (
     build_claim,
     build_pod,
@@ -267,6 +268,8 @@ class _Demo:
         # 5. priority preemption: low-priority shares fill the quietest node, a high-priority gang
         # arrives there (after the report: its victims may include the inference shares above)
         run_preemption_scene(self, NAMESPACE)
+        # 6. consolidation: a whole-GPU pod of the same priority, served by moving a share
+        run_consolidation_scene(self, NAMESPACE)
         return 0
 
     def _report_scrape(self, node: DemoNode, pod: str, claim_name: str) -> None:
