@@ -422,3 +422,35 @@ def test_the_scheduled_pass_empties_only_gpus_one_move_frees_nearest_a_free_node
     ]
     wider = drain_order(movers, holders, summary, max_pods=2)
     assert [device for device, _ in wider] == [key["b"], key["a"], key["cd"]]  # two moves cost more
+
+
+def test_a_gpu_held_for_a_replacement_is_not_emptied_by_moving_its_claims() -> None:
+    """The preemptor's holds count per device beside the claims (``Consolidator._holders``): a GPU
+    where a reservation keeps room for another move's replacement is pinned, so a whole-GPU gang
+    spends no fit check on it (the bench's whole-GPU pods waited on such checks, none of which fit)."""
+    from kubernetes import client
+
+    from driver.controller.model.objects import GangKey
+    from driver.controller.preemption.preemptor import Preemptor, Reservation
+    from driver.controller.view.cache import ClusterCache
+
+    preemptor = Preemptor(cache=ClusterCache(topology_label="zone"), configuration=client.Configuration(),
+                          clock=lambda: 100.0)  # fmt: skip
+    kept = claim("kept", "gpu-0")
+    preemptor.reservations["r"] = Reservation(
+        owner_uid="rs-2", node="n1", allocations=((kept, kept["status"]["allocation"]),), deadline=400.0,
+        gang=GangKey("default/other"),
+    )  # fmt: skip
+    gpu0, gpu1 = ("fractional.dev", "n1", "gpu-0"), ("fractional.dev", "n1", "gpu-1")
+    assert preemptor.held_per_device() == {gpu0: 1}
+    movers = movers_on({"gpu-0": [("a", True)], "gpu-1": [("b", True)]})
+    hole = {**device(20 * GIB), "pool": "n1"}
+    summary = {"n1": {"gpu-0": hole, "gpu-1": hole, "gpu-2": hole}}
+    claims_only = {gpu0: 1, gpu1: 1}
+    assert len(useful_movers(movers, summary, claims_only, whole_only=True)) == 2
+    with_holds = {d: claims_only.get(d, 0) + preemptor.held_per_device().get(d, 0) for d in (gpu0, gpu1)}
+    refusals: dict[str, int] = {}
+    kept_movers = useful_movers(movers, summary, with_holds, whole_only=True, refusals=refusals)
+    assert [m.key for m in kept_movers] == ["default/b"] and refusals == {"pinned": 1}
+    preemptor.clock = lambda: 500.0  # past its deadline: the hold is given up
+    assert preemptor.held_per_device() == {}

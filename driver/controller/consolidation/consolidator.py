@@ -444,7 +444,8 @@ class Consolidator:
                 with self.preemptor.holding_all():
                     summary = self.cache.state.free_summary()
                 whole_only = asks_whole_devices(pending)
-                movers = useful_movers(movers, summary, self._claims_per_device(), whole_only=whole_only,
+                holders = self._holders()
+                movers = useful_movers(movers, summary, holders, whole_only=whole_only,
                                        refusals=refusals.counts)  # fmt: skip
                 fits = self._fit_check(plan, movers, policy=policy)
                 found = (
@@ -474,10 +475,7 @@ class Consolidator:
                         found = replace(found, placement=again[0], moves=again[1])
                 if found is not None:
                     self._hold(plan, found, rollouts)
-                    holders = device_holders(
-                        c for c in self.cache.objects(Kind.CLAIM) if (c.get("status") or {}).get("allocation")
-                    )
-                    freed = devices_freed(found, holders)
+                    freed = devices_freed(found, holders)  # held as they were before this plan
             if found is None:
                 self.back_off(gang, "no plan")
                 if held_back:  # pods that opted in were kept from moving: say which and why
@@ -525,9 +523,7 @@ class Consolidator:
         within the search budget. Under ``cache.lock``."""
         state = self.cache.state
         summary = state.free_summary()
-        holders = device_holders(
-            c for c in self.cache.objects(Kind.CLAIM) if (c.get("status") or {}).get("allocation")
-        )
+        holders = self._holders()
         most = min(self.settings.schedule.max_moves_per_device, self.settings.budget.max_moves)
         drainable = drain_order(movers, holders, summary, max_pods=most)
         free = [
@@ -649,10 +645,17 @@ class Consolidator:
                 rollouts[mover.key] = rollout
         return rollouts
 
-    def _claims_per_device(self) -> dict[DeviceKey, int]:
-        return device_holders(
+    def _holders(self) -> dict[DeviceKey, int]:
+        """Allocated claims per device, and the nominations and reservations held there: a device
+        is emptied only when the moves take every one of them off it (a reservation for another
+        move's replacement, left on a GPU, kept it from being freed: the bench's whole-GPU pods
+        waited for such plans). Under ``cache.lock``."""
+        holders = device_holders(
             c for c in self.cache.objects(Kind.CLAIM) if (c.get("status") or {}).get("allocation")
         )
+        for device, count in self.preemptor.held_per_device().items():
+            holders[device] = holders.get(device, 0) + count
+        return holders
 
     def _read_opt_ins(self, api_client: client.ApiClient) -> tuple[frozenset[str], list[DisruptionBudget]]:
         """The namespaces that opted in, and every PodDisruptionBudget, as read now."""

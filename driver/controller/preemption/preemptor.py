@@ -62,6 +62,7 @@ from driver.controller.preemption.refusal import build_eviction
 from driver.controller.preemption.victims import (
     Budget,
     Choice,
+    DeviceKey,
     Placement,
     VictimUnit,
     build_victim_units,
@@ -235,6 +236,14 @@ class Preemptor:
             return
         with tentative_allocations(self.cache, pairs):
             yield
+
+    def held_per_device(self) -> dict[DeviceKey, int]:
+        """Every nomination's and reservation's allocations, counted per device as ``device_holders``
+        counts claims (a device held for someone is not emptied by moving the claims on it)."""
+        self._expire_reservations()
+        pairs = [p for n in self.nominations.values() for p in n.allocations]
+        pairs += [p for r in self.reservations.values() for p in r.allocations]
+        return device_holders({**claim, "status": {"allocation": allocation}} for claim, allocation in pairs)
 
     @contextmanager
     def holding_all(self) -> Iterator[None]:
