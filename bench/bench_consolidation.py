@@ -1,5 +1,6 @@
 """Consolidation: waits of whole-GPU pods and gangs under churn, with consolidation off, on (ours:
-room reserved for every moved pod) and a KAI-like variant (the same plans, no reservation).
+room reserved for every moved pod), a KAI-like variant (the same plans, no reservation) and on with
+the scheduled pass (``on+scheduled``).
 
 A discrete-event simulation in simulated seconds, in process (no API server): N nodes x 8 GPUs of
 80 GiB in the allocator's ``ClusterState`` (slices as bench/bench_preemption.py builds them: memory
@@ -8,7 +9,7 @@ and compute capacity, ``allowMultipleAllocations``). Every placement is
 controller's ``allocate_groups`` (driver/controller/gangs/decide.py) asks it; nodes' CPU and memory
 are not modelled (every node has room for any pod).
 
-Arrivals (Poisson; one stream per seed, node count and load, the same for the three variants):
+Arrivals (Poisson; one stream per seed, node count and load, the same for the four variants):
 
 - ReplicaSets of 1-4 replicas, each replica a pod with one share of 8, 16, ... or 56 GiB (uniform;
   those over half a GPU leave holes only smaller shares fill), labelled
@@ -44,21 +45,32 @@ the gang placed, then each mover, the largest first, placed again as a stand-in 
 - ``kai-like``: the same search and commit, no reservation: a moved pod comes back after the same
   delay as a new pending pod placed by the normal policy; a re-placement failure is counted when
   it does not fit at that moment (it then waits in the FIFO queue);
+- ``on+scheduled``: ``on``, and the scheduled pass every ``schedule_interval_seconds`` (15 s) when
+  the stranded share of GPU memory (``stranded_ratio``) is at least 0.02, as
+  ``Consolidator.defragment`` runs it: movers with a spare replica only, the GPUs of
+  ``drain_order`` (at most ``schedule_max_moves_per_gpu`` = 1 pod to move, the node with the most
+  free GPUs first) tried in turn within the 64 fit checks, each mover placed again (by key) with its
+  claims released, the GPU being emptied and every free GPU held whole (``Consolidator._drain``);
+  the first that places all its movers is moved as ``on`` moves (room held for the replacement).
+  One GPU a pass;
 - ``off``: no consolidation.
 
-Measured over the window after the warm-up (arrivals in the window): waits (arrival to placement)
+Measured over the window after the warm-up (arrivals in the window), each row over its seeds (one
+simulation per seed, the waits of all pooled, the counts summed): waits (arrival to placement)
 of whole-GPU pods and of gangs, a pod or gang still pending at the end counted with its wait so
 far (a lower bound) and as ``never placed``; whole GPUs free (no claim, no reservation on them),
 time-averaged and at the end; the GPU memory in use, time-averaged; plans searched and committed,
-pods moved, GPUs the moves freed (``devices_freed`` of consolidator.py) and moves per GPU freed;
+pods moved, GPUs the moves freed (``devices_freed`` of consolidator.py; one per scheduled drain) and
+moves per GPU freed, in all and for the plans that served a waiting pod alone;
 re-placement failures; the wall time of ``find_plan`` per search (the only timing; reported, never
 asserted).
 
 Prints a markdown table and writes bench/results/consolidation.json. Run:
     .venv/bin/python bench/bench_consolidation.py [--nodes 50,500] [--loads 0.65,0.8,0.9] [--seed 1]
-        [--duration 57600,3600] [--warmup 3600,1800] [--jobs 2]
-(the defaults: what `make bench` runs, 5 to 8 minutes on 2 shared cores; 500 nodes simulated for less time,
-as their allocator calls cost about ten times more)
+        [--seeds 3,1] [--duration 57600,3600] [--warmup 3600,1800] [--jobs 2]
+(the defaults: what `make bench` runs, about 20 minutes on 2 shared cores; 500 nodes simulated for less
+time and one seed, as their allocator calls cost about ten times more. One seed's waits at 50 nodes
+swing by a factor of two and more between seeds: the rows pool three)
 """
 
 from __future__ import annotations
@@ -79,8 +91,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import percentile, summary, write_result
 from bench.bench_preemption import GPU_GI, GPUS_PER_NODE, empty_cluster
+from driver import DRIVER_NAME as DRIVER
 from driver.allocator import ClusterState
-from driver.controller.consolidation.consolidator import adds_up, devices_freed, stand_in, useful_movers
+from driver.controller.consolidation.consolidator import (
+    adds_up,
+    devices_freed,
+    drain_order,
+    stand_in,
+    stranded_ratio,
+    useful_movers,
+    whole_hold,
+)
 from driver.controller.consolidation.movers import MOVABLE_LABEL, Mover, MoverRules, build_movers
 from driver.controller.consolidation.search import Budget, Move, MovePlan, find_plan
 from driver.controller.model.objects import allocation_node
@@ -88,7 +109,7 @@ from driver.controller.preemption.victims import DeviceKey, Placement
 
 NAMESPACE = "bench"
 POLICY = "best-fit"
-VARIANTS = ("off", "on", "kai-like")
+VARIANTS = ("off", "on", "kai-like", "on+scheduled")
 EPOCH_SECONDS = 1_800_000_000.0  # simulated time 0, as a wall time for startTime and the movers' rules
 SHARE_SIZES_GI = (8, 16, 24, 32, 40, 48, 56)
 GI = 1 << 30
@@ -116,6 +137,10 @@ class Settings:
     restart_seconds: tuple[float, float] = (20.0, 60.0)
     backoff_seconds: float = 30.0
     backoff_max_seconds: float = 600.0
+    # The scheduled pass of ``on+scheduled`` (chart schedule.intervalSeconds, strandedRatio, maxMovesPerGPU).
+    schedule_interval_seconds: float = 15.0
+    schedule_stranded_ratio: float = 0.02
+    schedule_max_moves_per_gpu: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,8 +276,9 @@ def build_state(nodes: int) -> tuple[ClusterState, list[str]]:
 
 class Ledger:
     """What the state holds, per device, kept beside it: the whole GPUs free, the free memory in the
-    shape of ``ClusterState.free_summary`` (for ``adds_up``), real claims per device (for
-    ``devices_freed``). Every claim counted or released goes through it."""
+    shape of ``ClusterState.free_summary`` (for ``adds_up``), claims per device, the reservations
+    too (for ``useful_movers``, ``devices_freed`` and ``drain_order``). Every claim counted or
+    released goes through it."""
 
     def __init__(self, state: ClusterState, nodes: list[str]) -> None:
         self.state = state
@@ -261,39 +287,36 @@ class Ledger:
                               "memory_bytes_total": GPU_GI * GI} for g in range(GPUS_PER_NODE)}
             for n in nodes
         }  # fmt: skip
-        self.claims: dict[str, tuple[list[DeviceKey], int, bool]] = {}  # uid -> devices, GiB each, reserved
-        self.holders: dict[DeviceKey, int] = {}  # real (not reserved) claims per device
+        self.claims: dict[str, tuple[list[DeviceKey], int]] = {}  # uid -> devices, GiB each
+        # claims per device, reservations too: Consolidator._holders (claims and the preemptor's holds)
+        self.taken: dict[DeviceKey, int] = {}
         self.whole_free_by_node = dict.fromkeys(nodes, GPUS_PER_NODE)
         self.whole_free = len(nodes) * GPUS_PER_NODE
         self.free_gi = len(nodes) * GPUS_PER_NODE * GPU_GI
 
-    def count(
-        self, claim: Mapping[str, Any], allocation: dict[str, Any], *, gi_each: int, reserved: bool
-    ) -> None:
+    def count(self, claim: Mapping[str, Any], allocation: dict[str, Any], *, gi_each: int) -> None:
         uid = claim_uid(claim)
         self.state.upsert_claim(allocated(claim, allocation))
         devices = result_devices(allocation)
-        self.claims[uid] = (devices, gi_each, reserved)
+        self.claims[uid] = (devices, gi_each)
         for device in devices:
             self._change(device, +1, -gi_each)
-            if not reserved:
-                self.holders[device] = self.holders.get(device, 0) + 1
 
     def release(self, uid: str) -> None:
-        devices, gi_each, reserved = self.claims.pop(uid)
+        devices, gi_each = self.claims.pop(uid)
         self.state.remove_claim(uid)
         for device in devices:
             self._change(device, -1, +gi_each)
-            if not reserved:
-                self.holders[device] -= 1
-                if not self.holders[device]:
-                    del self.holders[device]
 
     def _change(self, device: DeviceKey, shares: int, gi: int) -> None:
         _, node, name = device
         info = self.summary[node][name]
         before = info["shares"]
         info["shares"] = before + shares
+        if info["shares"]:
+            self.taken[device] = info["shares"]
+        else:
+            self.taken.pop(device, None)
         info["memory_bytes_free"] += gi * GI
         self.free_gi += gi
         change = (info["shares"] == 0) - (before == 0)
@@ -364,6 +387,8 @@ class Measures:
     plans_committed: int = 0
     pods_moved: int = 0
     gpus_freed: int = 0
+    scheduled_moved: int = 0  # of pods_moved and gpus_freed: the scheduled pass's (one GPU a pass)
+    scheduled_freed: int = 0
     replacement_failures: int = 0
     moved_downtime: list[float] = field(default_factory=list)
     search_ms: list[float] = field(default_factory=list)
@@ -401,6 +426,10 @@ class Simulation:
         self.window = (warmup_seconds, duration_seconds)
         for job in jobs:
             self.push(job.arrival, "arrive", job)
+        if self.variant == "on+scheduled":
+            interval = self.settings.schedule_interval_seconds
+            for tick in range(int(duration_seconds // interval) + 1):
+                self.push(tick * interval, "tick", None)
         while self.events and self.events[0][0] < duration_seconds:
             when, _, kind, payload = heapq.heappop(self.events)
             self.advance(when)
@@ -451,6 +480,11 @@ class Simulation:
             self.pending.remove(unit)
         unit.state = "done"
 
+    def on_tick(self, _: None) -> None:
+        """The scheduled pass, due: when the stranded share of GPU memory reaches the threshold."""
+        if stranded_ratio(self.ledger.summary) >= self.settings.schedule_stranded_ratio:
+            self.drain_one()
+
     def on_return(self, unit: Unit) -> None:
         """A moved pod's replacement: its reserved place (on), or the normal policy (kai-like)."""
         if unit.state != "moving":
@@ -478,6 +512,13 @@ class Simulation:
             exclude_nodes=frozenset(), rng=self.rng,
         )  # fmt: skip
 
+    def allocate_together(self, claims: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+        """``claims`` on one node (a mover's stand-ins)."""
+        return self.state.allocate(
+            claims, node=None, policy=POLICY, pod_groups=[list(range(len(claims)))],
+            exclude_nodes=frozenset(), rng=self.rng,
+        )  # fmt: skip
+
     def try_place(self, unit: Unit) -> bool:
         job = unit.job
         if job.kind != "share" and not self.ledger.may_fit(pods=job.pods, gpus_per_pod=job.gpus_per_pod):
@@ -492,7 +533,7 @@ class Simulation:
     def start(self, unit: Unit, allocations: list[dict[str, Any]]) -> None:
         job = unit.job
         for claim, allocation in zip(unit.claims, allocations, strict=True):
-            self.ledger.count(claim, allocation, gi_each=unit.gi_each(), reserved=False)
+            self.ledger.count(claim, allocation, gi_each=unit.gi_each())
         if unit.returning or unit.state == "moving":
             self.measures.moved_downtime.append(self.now - unit.moved_at)
         elif job.kind != "share" and self.in_window(unit.arrival):
@@ -583,7 +624,7 @@ class Simulation:
     def search(self, unit: Unit) -> MovePlan | None:
         started = time.perf_counter()
         # As the consolidator: only the movers worth a fit check (a gang of whole GPUs here).
-        movers = useful_movers(self.movers(), self.ledger.summary, self.ledger.holders, whole_only=True)
+        movers = useful_movers(self.movers(), self.ledger.summary, self.ledger.taken, whole_only=True)
         plan = (
             find_plan(
                 movers,
@@ -633,10 +674,7 @@ class Simulation:
             moves: list[Move] = []
             for mover in sorted(moved, key=lambda m: (-len(m.devices), m.key)):
                 stand_ins = [stand_in(c) for c in mover.claims]
-                result = self.state.allocate(
-                    stand_ins, node=None, policy=POLICY, pod_groups=[list(range(len(stand_ins)))],
-                    exclude_nodes=frozenset(), rng=self.rng,
-                )  # fmt: skip
+                result = self.allocate_together(stand_ins)
                 if result is None:
                     return None
                 node = next((n for a in result if (n := allocation_node(a))), None)
@@ -662,25 +700,87 @@ class Simulation:
         place held for its replacement; the replacements come back after the restart delay."""
         measures = self.measures
         measures.plans_committed += 1
-        measures.gpus_freed += devices_freed(plan, self.ledger.holders)
-        moves = {m.mover: m for m in plan.moves}
-        for mover in plan.movers:
+        measures.gpus_freed += devices_freed(plan, self.ledger.taken)
+        self.move(plan.movers, plan.moves)
+        self.pending.remove(unit)
+        self.start(unit, [a for _, a in plan.placement.allocations])
+
+    def move(self, movers: Iterable[Mover], moves: Iterable[Move]) -> None:
+        """Each mover's pods evicted, their claims released; (but for kai-like) the planned place held."""
+        by_mover = {m.mover: m for m in moves}
+        for mover in movers:
             self.owner_moved_at[mover.owner_uid] = EPOCH_SECONDS + self.now
             for pod in mover.pods:
                 key = f"{NAMESPACE}/{pod['metadata']['name']}"
                 moved = self.unit_of[key]
                 self.release(moved)
                 moved.state, moved.moved_at = "moving", self.now
-                measures.pods_moved += 1
-                if self.variant == "on":
-                    moved.reserved = list(moves[mover.key].allocations)
+                self.measures.pods_moved += 1
+                if self.variant != "kai-like":
+                    moved.reserved = list(by_mover[mover.key].allocations)
                     for copy, allocation in moved.reserved:
-                        self.ledger.count(copy, allocation, gi_each=moved.gi_each(), reserved=True)
+                        self.ledger.count(copy, allocation, gi_each=moved.gi_each())
                 low, high = self.settings.restart_seconds
                 delay = random.Random(f"{self.seed}:{key}").uniform(low, high)
                 self.push(self.now + delay, "return", moved)
-        self.pending.remove(unit)
-        self.start(unit, [a for _, a in plan.placement.allocations])
+
+    # -- the scheduled pass
+
+    def drain_one(self) -> bool:
+        """``Consolidator.defragment``: the first GPU in ``drain_order`` (movers with a spare replica)
+        whose pods all find a place beside others on partly used GPUs, within the fit-check budget;
+        moved as ``on`` moves them. True when one was emptied."""
+        movers = [m for m in self.movers() if m.spare]
+        free = [
+            (DRIVER, node, name)
+            for node, devices in self.ledger.summary.items() for name, info in devices.items()
+            if not info["shares"]
+        ]  # fmt: skip
+        budget = self.settings.budget
+        most = min(self.settings.schedule_max_moves_per_gpu, budget.max_moves)
+        order = drain_order(movers, self.ledger.taken, self.ledger.summary, max_pods=most)
+        for checks, (device, held) in enumerate(order):
+            if checks >= budget.fit_checks:
+                break
+            moves = self.drain(held, [device, *free])
+            if moves is not None:
+                self.measures.scheduled_moved += sum(len(m.pods) for m in held)
+                self.measures.scheduled_freed += 1
+                self.measures.gpus_freed += 1
+                self.move(held, moves)
+                return True
+        return False
+
+    def drain(self, movers: list[Mover], kept: list[DeviceKey]) -> list[Move] | None:
+        """``Consolidator._drain``: each mover placed again (by key) with its claims released and the
+        ``kept`` devices held whole; the state as it was on return."""
+        released = [c for m in movers for c in m.claims]
+        for claim in released:
+            self.state.remove_claim(claim_uid(claim))
+        held: list[str] = []
+        try:
+            for device in kept:
+                claim, allocation = whole_hold(device)
+                self.state.upsert_claim(allocated(claim, allocation))
+                held.append(claim_uid(claim))
+            moves: list[Move] = []
+            for mover in sorted(movers, key=lambda m: m.key):
+                stand_ins = [stand_in(c) for c in mover.claims]
+                result = self.allocate_together(stand_ins)
+                node = next((n for a in result if (n := allocation_node(a))), None) if result else None
+                if result is None or node is None:
+                    return None
+                for copy, allocation in zip(stand_ins, result, strict=True):
+                    self.state.upsert_claim(allocated(copy, allocation))
+                    held.append(claim_uid(copy))
+                moves.append(Move(mover=mover.key, node=node,
+                                  allocations=tuple(zip(stand_ins, result, strict=True))))  # fmt: skip
+            return moves
+        finally:
+            for uid in held:
+                self.state.remove_claim(uid)
+            for claim in released:
+                self.state.upsert_claim(claim)
 
 
 # -- the run ---------------------------------------------------------------------------------------
@@ -698,38 +798,67 @@ def _stats(prefix: str, values: list[float]) -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """One simulation's measures and what the row needs beside them."""
+
+    measures: Measures
+    window_seconds: float
+    gpus: int
+    whole_free_end: int
+    wall_seconds: float
+
+
 def simulate(
     *, nodes: int, load: float, variant: str, seed: int, duration_seconds: float, warmup_seconds: float,
     settings: Settings = Settings(),
-) -> tuple[dict[str, Any], Measures]:  # fmt: skip
+) -> Outcome:  # fmt: skip
     gpus = nodes * GPUS_PER_NODE
     stream = f"{seed}:{nodes}:{load}"
     jobs = build_arrivals(gpus=gpus, load=load, duration_seconds=duration_seconds, seed=stream)
     simulation = Simulation(nodes=nodes, variant=variant, seed=stream, settings=settings)
     started = time.perf_counter()
     measures = simulation.run(jobs, duration_seconds=duration_seconds, warmup_seconds=warmup_seconds)
-    seconds = time.perf_counter() - started
-    window = duration_seconds - warmup_seconds
-    searches = summary(measures.search_ms)
-    row: dict[str, Any] = {
-        "nodes": nodes, "load": load, "variant": variant,
-        "whole pods": len(measures.whole_waits), **_stats("whole wait", measures.whole_waits),
-        "whole never placed": measures.whole_never,
-        "gangs": len(measures.gang_waits), **_stats("gang wait", measures.gang_waits),
-        "gangs never placed": measures.gang_never,
-        "GPU memory used %": 100 * measures.used_gi_integral / (window * gpus * GPU_GI),
-        "whole GPUs free avg": measures.whole_free_integral / window,
-        "whole GPUs free end": simulation.ledger.whole_free,
-        "plans searched": measures.plans_searched, "plans committed": measures.plans_committed,
-        "pods moved": measures.pods_moved, "GPUs freed": measures.gpus_freed,
-        "moves per GPU freed": _ratio(measures.pods_moved, measures.gpus_freed),
-        "re-placement failures": measures.replacement_failures,
-        "moved pod down s mean": (sum(measures.moved_downtime) / len(measures.moved_downtime)
-                                  if measures.moved_downtime else float("nan")),
+    return Outcome(measures, duration_seconds - warmup_seconds, gpus, simulation.ledger.whole_free,
+                   time.perf_counter() - started)  # fmt: skip
+
+
+def row_of(nodes: int, load: float, variant: str, outcomes: list[Outcome]) -> dict[str, Any]:
+    """One row over the seeds' simulations: waits pooled (every pod of every seed), counts summed,
+    averages over the seeds."""
+    runs = [o.measures for o in outcomes]
+    whole = [w for m in runs for w in m.whole_waits]
+    gang = [w for m in runs for w in m.gang_waits]
+    moved, freed = sum(m.pods_moved for m in runs), sum(m.gpus_freed for m in runs)
+    scheduled_moved, scheduled_freed = (
+        sum(m.scheduled_moved for m in runs),
+        sum(m.scheduled_freed for m in runs),
+    )
+    downtime = [d for m in runs for d in m.moved_downtime]
+    searches = summary([ms for m in runs for ms in m.search_ms])
+    n = len(outcomes)
+    pairs = list(zip(runs, outcomes, strict=True))
+    used = sum(100 * m.used_gi_integral / (o.window_seconds * o.gpus * GPU_GI) for m, o in pairs)
+    return {
+        "nodes": nodes, "load": load, "variant": variant, "seeds": n,
+        "whole pods": len(whole), **_stats("whole wait", whole),
+        "whole never placed": sum(m.whole_never for m in runs),
+        "gangs": len(gang), **_stats("gang wait", gang),
+        "gangs never placed": sum(m.gang_never for m in runs),
+        "GPU memory used %": used / n,
+        "whole GPUs free avg": sum(m.whole_free_integral / o.window_seconds for m, o in pairs) / n,
+        "whole GPUs free end": sum(o.whole_free_end for o in outcomes) / n,
+        "plans searched": sum(m.plans_searched for m in runs),
+        "plans committed": sum(m.plans_committed for m in runs),
+        "pods moved": moved, "GPUs freed": freed,
+        "moves per GPU freed": _ratio(moved, freed),
+        "scheduled pods moved": scheduled_moved,
+        "on-demand moves per GPU freed": _ratio(moved - scheduled_moved, freed - scheduled_freed),
+        "re-placement failures": sum(m.replacement_failures for m in runs),
+        "moved pod down s mean": sum(downtime) / len(downtime) if downtime else float("nan"),
         "find_plan ms median": searches["median"], "find_plan ms p99": searches["p99"],
-        "sim wall s": seconds,
+        "sim wall s": sum(o.wall_seconds for o in outcomes),
     }  # fmt: skip
-    return row, measures
 
 
 def add_ratios(rows: list[dict[str, Any]]) -> None:
@@ -755,19 +884,23 @@ def _per_size(parser: argparse.ArgumentParser, flag: str, text: str, sizes: int)
     return values
 
 
-def _simulate(case: tuple[int, float, str, int, float, float]) -> dict[str, Any]:
+def _simulate(case: tuple[int, float, str, int, float, float]) -> Outcome:
     nodes, load, variant, seed, duration, warmup = case
-    row, _ = simulate(nodes=nodes, load=load, variant=variant, seed=seed, duration_seconds=duration,
-                      warmup_seconds=warmup)  # fmt: skip
-    print(f"{nodes} nodes, load {load}, {variant}: {row['sim wall s']:.1f} s", file=sys.stderr, flush=True)
-    return row
+    outcome = simulate(nodes=nodes, load=load, variant=variant, seed=seed, duration_seconds=duration,
+                       warmup_seconds=warmup)  # fmt: skip
+    print(f"{nodes} nodes, load {load}, {variant}, seed {seed}: {outcome.wall_seconds:.1f} s",
+          file=sys.stderr, flush=True)  # fmt: skip
+    return outcome
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", default="50,500", help="node counts, comma-separated")
     parser.add_argument("--loads", default="0.65,0.8,0.9", help="offered loads, comma-separated")
-    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=1, help="the first seed")
+    parser.add_argument(
+        "--seeds", default="3,1", help="seeds run (from --seed on): one, or one per node count"
+    )
     parser.add_argument(
         "--duration",
         default="57600,3600",
@@ -779,17 +912,24 @@ def main() -> None:
     nodes_list = [int(n) for n in _floats(args.nodes)]
     durations = _per_size(parser, "--duration", args.duration, len(nodes_list))
     warmups = _per_size(parser, "--warmup", args.warmup, len(nodes_list))
+    seeds = [int(k) for k in _per_size(parser, "--seeds", args.seeds, len(nodes_list))]
     cases = [
-        (nodes, load, variant, args.seed, duration, warmup)
-        for nodes, duration, warmup in zip(nodes_list, durations, warmups, strict=True)
+        (nodes, load, variant, seed, duration, warmup)
+        for nodes, duration, warmup, count in zip(nodes_list, durations, warmups, seeds, strict=True)
         for load in _floats(args.loads)
         for variant in VARIANTS
+        for seed in range(args.seed, args.seed + count)
     ]
-    cases.sort(key=lambda c: -c[0])  # the largest first: the pool ends with short ones
+    cases.sort(
+        key=lambda c: (-c[0], c[2] == "off")
+    )  # the largest and slowest first: the pool ends with short ones
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         done = dict(zip(cases, pool.map(_simulate, cases), strict=True))
     order = {v: i for i, v in enumerate(VARIANTS)}
-    rows = [done[c] for c in sorted(cases, key=lambda c: (c[0], c[1], order[c[2]]))]
+    groups: dict[tuple[int, float, str], list[Outcome]] = {}
+    for case in sorted(cases, key=lambda c: (c[0], c[1], order[c[2]], c[3])):
+        groups.setdefault(case[:3], []).append(done[case])
+    rows = [row_of(*key, outcomes) for key, outcomes in groups.items()]
     add_ratios(rows)
     header = list(rows[0])
     print("| " + " | ".join(header) + " |")
@@ -797,8 +937,8 @@ def main() -> None:
     for row in rows:
         cells = [f"{row[h]:.2f}" if isinstance(row[h], float) else str(row[h]) for h in header]
         print("| " + " | ".join(cells) + " |")
-    runs = ", ".join(f"{d:.0f} s on {n} nodes (warm-up {w:.0f} s)"
-                     for n, d, w in zip(nodes_list, durations, warmups, strict=True))  # fmt: skip
+    runs = ", ".join(f"{d:.0f} s on {n} nodes (warm-up {w:.0f} s; seeds {args.seed}-{args.seed + k - 1})"
+                     for n, d, w, k in zip(nodes_list, durations, warmups, seeds, strict=True))  # fmt: skip
     idle = [
         f"{r['nodes']} nodes at {r['load']}"
         for r in rows
@@ -815,17 +955,22 @@ def main() -> None:
 NOTES = """\
 A discrete-event simulation in simulated time (bench/bench_consolidation.py docstring), in process: N nodes
 x 8 GPUs of 80 GiB in the allocator's ClusterState, placements by `state.allocate(..., policy="best-fit")`;
-node CPU/memory not modelled. Arrivals (Poisson, the same stream for the three variants; the cluster starts
+node CPU/memory not modelled. Arrivals (Poisson, the same stream for the four variants; the cluster starts
 in steady state): ReplicaSets of 1-4 share pods of 8-56 GiB, labelled movable (60 % of the offered GPU
 load, lifetimes exp. mean 60 min), whole-GPU pods (20 %, mean 20 min) and gangs of 2-4 pods x 1-4 GPUs
 (20 %, mean 30 min); `load` is the offered load, `GPU memory used %` what the cluster held. Simulated
-{runs}; {jobs} simulations at once. Consolidation: `build_movers` (min runtime 600 s, cooldown 1800 s),
+{runs}; {jobs} simulations at once; a row pools its seeds (waits of all pods together, counts summed).
+Consolidation: `build_movers` (min runtime 600 s, cooldown 1800 s),
 `useful_movers` (as the consolidator) and `find_plan` (64 fit checks, 16 moves; its ms budget off, for
 determinism) with a fit check mirroring
 Consolidator._fit_check/_place_all/_place_mover without the node CPU/memory check; `on` holds each moved
 pod's planned place until its replacement returns 20-60 s later; `kai-like` commits the same plans with no
 reservation (the replacement is placed by the normal policy; a re-placement failure when it does not fit at
-that moment). Waits: arrival to placement of whole-GPU pods and gangs arriving after the warm-up, one still
+that moment); `on+scheduled` is `on` with the scheduled pass every 15 s while stranded memory is at least
+2 % of all GPU memory (schedule.intervalSeconds 15, strandedRatio 0.02, maxMovesPerGPU 1: one GPU a pass,
+only GPUs one move of a pod with a spare replica empties). `scheduled pods moved`: of `pods moved`, the
+scheduled pass's (each freed one GPU); `on-demand moves per GPU freed`: the plans that served a waiting pod
+alone. Waits: arrival to placement of whole-GPU pods and gangs arriving after the warm-up, one still
 pending at the end counted with its wait so far (and in `never placed`); `vs off`: mean wait over the `off`
 row's (nan where `off` waited 0). `plans searched`: consolidation attempts that built the movers (a
 search with no mover included). `find_plan ms`: wall time per search, building the movers included (the

@@ -106,3 +106,28 @@ def test_waits_are_compared_with_off_of_the_same_nodes_and_load() -> None:
     assert [r["whole wait vs off"] for r in rows[:2]] == [1.0, 0.25]
     assert rows[1]["gang wait vs off"] != rows[1]["gang wait vs off"]  # nan: off never waited
     assert rows[2]["whole wait vs off"] != rows[2]["whole wait vs off"]  # nan: no off row
+
+
+@pytest.mark.parametrize(("variant", "moved"), [("on", 0), ("on+scheduled", 1)])
+def test_the_scheduled_pass_empties_a_gpu_with_one_move_and_keeps_the_room(variant: str, moved: int) -> None:
+    """One node: five GPUs taken whole; p and s-r0 (40 GiB each) fill a GPU, s-r1 and q another, x
+    (24 GiB, at 50 s) a third. Once q leaves (100 s), s-r1 is alone on its GPU and its ReplicaSet has
+    another running pod: from its minimum runtime on (600 s) the pass moves it beside x, and the
+    replacement takes the room kept for it. Nobody waits, so ``on`` alone moves nothing."""
+    jobs = [
+        *(Job(f"whole-{i}", "whole", 0.0, LONG, pods=1, gpus_per_pod=1) for i in range(5)),
+        Job("p", "share", 0.0, LONG, pods=1, memory_gi=40),
+        Job("s", "share", 0.0, LONG, pods=2, memory_gi=40),
+        Job("q", "share", 0.0, 100.0, pods=1, memory_gi=40),
+        Job("x", "share", 50.0, LONG, pods=1, memory_gi=24),
+    ]
+    simulation = Simulation(nodes=1, variant=variant, seed="1")
+    measures = simulation.run(jobs, duration_seconds=1000.0, warmup_seconds=1.0)
+    assert (measures.pods_moved, measures.scheduled_moved, measures.scheduled_freed) == (moved, moved, moved)
+    assert measures.gpus_freed == moved and measures.plans_committed == 0  # no waiting pod was served
+    assert simulation.ledger.whole_free == moved
+    if moved:
+        assert len(measures.moved_downtime) == 1 and 20.0 <= measures.moved_downtime[0] <= 60.0
+        assert not simulation.pending  # the replacement took its room beside x
+        holders = sorted(simulation.ledger.taken.values())
+        assert holders == [1, 1, 1, 1, 1, 2, 2]  # five whole pods, p + s-r0, x + the replacement
