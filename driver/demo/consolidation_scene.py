@@ -11,7 +11,6 @@ from typing import Any, cast
 
 from kubernetes import client
 
-from driver.controller.consolidation.movers import MOVABLE_LABEL
 from driver.demo.cluster import CONSOLIDATION_MIN_RUNTIME_SECONDS
 from driver.demo.objects import GATE, build_claim, build_pod, gpu_request
 from driver.demo.preemption_scene import SceneHost
@@ -22,6 +21,7 @@ __all__ = ["run_consolidation_scene"]
 
 MIB = 1 << 20
 APP = "web"
+MOVABLE_LABEL = "fractional.dev/movable"  # written as a user writes it (docs/consolidation.md)
 
 
 def _create(demo: SceneHost, namespace: str, name: str, request: dict[str, Any], node: str) -> None:

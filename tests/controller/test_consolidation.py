@@ -112,6 +112,8 @@ def test_one_share_moves_beside_the_other_and_the_whole_gpu_pod_takes_the_freed_
     (consolidating,) = events(cluster, "Consolidating")
     assert consolidating["involvedObject"]["name"] == "whole"
     assert f"default/{moved} (ReplicaSet/shares) -> node-a" in consolidating["message"]
+    # The Event on the moved pod is written after its eviction: the pod can be gone a moment before.
+    wait_for(lambda: events(cluster, "Consolidated"), what="the move said")
     (consolidated,) = events(cluster, "Consolidated")
     assert consolidated["involvedObject"]["name"] == moved and consolidated["related"]["name"] == "whole"
     assert cluster.pod("whole")["status"].get("nominatedNodeName") == "node-a"
