@@ -97,8 +97,8 @@ __all__ = [
     "adds_up",
     "asks_whole_devices",
     "devices_freed",
-    "drain_order",
     "devices_per_pod",
+    "drain_order",
     "in_window",
     "rollout_patch",
     "stranded_ratio",
@@ -235,7 +235,8 @@ def useful_movers(
     in its order can use it all):
 
     - for a gang that asks only whole devices, those on a device that their moves can empty (every
-      claim on it is a mover's): freeing part of a device frees nothing whole;
+      claim on it is a mover's, and nothing else holds it: ``holders`` counts claims and holds per
+      device): freeing part of a device frees nothing whole;
     - a share whose memory is larger than every free hole on another device has nowhere to go
       (a free device counts whole).
 
@@ -276,7 +277,8 @@ def drain_order(
     max_pods: int = 1,
 ) -> list[tuple[DeviceKey, list[Mover]]]:
     """The GPUs the scheduled pass may empty, in the order it tries them: only a GPU whose every
-    claim is a share mover's (``holders``: allocated claims per device) and that moving at most
+    claim is a share mover's (``holders``: claims and holds per device, as ``Consolidator._holders``
+    counts them) and that moving at most
     ``max_pods`` pods empties; the fewest pods moved first (then the least disruption, as
     ``cost_of``), then the GPU on the node with the most GPUs already free (a whole node for a gang
     sooner), then by name."""
