@@ -671,21 +671,9 @@ class Simulation:
             for claim, allocation in zip(unit.claims, chosen, strict=True):
                 self.state.upsert_claim(allocated(claim, allocation))
                 held.append(claim_uid(claim))
-            moves: list[Move] = []
-            for mover in sorted(moved, key=lambda m: (-len(m.devices), m.key)):
-                stand_ins = [stand_in(c) for c in mover.claims]
-                result = self.allocate_together(stand_ins)
-                if result is None:
-                    return None
-                node = next((n for a in result if (n := allocation_node(a))), None)
-                if node is None:
-                    return None
-                for copy, allocation in zip(stand_ins, result, strict=True):
-                    self.state.upsert_claim(allocated(copy, allocation))
-                    held.append(claim_uid(copy))
-                moves.append(
-                    Move(mover=mover.key, node=node, allocations=tuple(zip(stand_ins, result, strict=True)))
-                )
+            moves = self.place_movers(sorted(moved, key=lambda m: (-len(m.devices), m.key)), held)
+            if moves is None:
+                return None
             pod_nodes = tuple((f"{NAMESPACE}/{c['metadata']['name']}", allocation_node(a))
                               for c, a in zip(unit.claims, chosen, strict=True))  # fmt: skip
             return Placement(
@@ -694,6 +682,23 @@ class Simulation:
         finally:
             for uid in held:
                 self.state.remove_claim(uid)
+
+    def place_movers(self, movers: list[Mover], held: list[str]) -> list[Move] | None:
+        """``Consolidator._place_mover`` for each mover in turn, as stand-ins of its claims on one node,
+        each held (its UID appended to ``held``, for the caller to remove) while the next is placed."""
+        moves: list[Move] = []
+        for mover in movers:
+            stand_ins = [stand_in(c) for c in mover.claims]
+            result = self.allocate_together(stand_ins)
+            node = next((n for a in result if (n := allocation_node(a))), None) if result else None
+            if result is None or node is None:
+                return None
+            for copy, allocation in zip(stand_ins, result, strict=True):
+                self.state.upsert_claim(allocated(copy, allocation))
+                held.append(claim_uid(copy))
+            pairs = tuple(zip(stand_ins, result, strict=True))
+            moves.append(Move(mover=mover.key, node=node, allocations=pairs))
+        return moves
 
     def commit(self, unit: Unit, plan: MovePlan) -> None:
         """The movers' claims released, the gang placed on the plan's placement, and (on) every move's
@@ -763,19 +768,7 @@ class Simulation:
                 claim, allocation = whole_hold(device)
                 self.state.upsert_claim(allocated(claim, allocation))
                 held.append(claim_uid(claim))
-            moves: list[Move] = []
-            for mover in sorted(movers, key=lambda m: m.key):
-                stand_ins = [stand_in(c) for c in mover.claims]
-                result = self.allocate_together(stand_ins)
-                node = next((n for a in result if (n := allocation_node(a))), None) if result else None
-                if result is None or node is None:
-                    return None
-                for copy, allocation in zip(stand_ins, result, strict=True):
-                    self.state.upsert_claim(allocated(copy, allocation))
-                    held.append(claim_uid(copy))
-                moves.append(Move(mover=mover.key, node=node,
-                                  allocations=tuple(zip(stand_ins, result, strict=True))))  # fmt: skip
-            return moves
+            return self.place_movers(sorted(movers, key=lambda m: m.key), held)
         finally:
             for uid in held:
                 self.state.remove_claim(uid)

@@ -149,7 +149,8 @@ class PodBinder:
         self._kubelets = kubelets
         self._lock = threading.Lock()
         self._bound: dict[str, BoundPod] = {}
-        # bound pods whose claims the node agent refused to prepare: (monotonic time of the next try, tries)
+        # bound pods whose claims the node agent refused to prepare: (monotonic time of the next try,
+        # tries); only the syncing thread touches it
         self._preparing: dict[str, tuple[float, int]] = {}
         self._thread: threading.Thread | None = None
         # pod UID -> the FailedScheduling message last said (used by the one thread that syncs)
@@ -232,11 +233,10 @@ class PodBinder:
     def _prepare_again(self, core: client.CoreV1Api, key: str, pod: dict[str, Any]) -> None:
         with self._lock:
             bound = self._bound.get(key)
-            due = self._preparing[key][0] <= time.monotonic()
         if bound is None or bound.uid != pod["metadata"]["uid"]:
             self._preparing.pop(key, None)
             return
-        if due:
+        if self._preparing[key][0] <= time.monotonic():
             try:
                 self._prepare(core, pod, bound)
             except FractionalError as error:
@@ -414,6 +414,7 @@ class PodBinder:
         as the kubelet retries (e.g. while a share released a moment ago is still prepared for the pod
         that held it: the node agent refuses the overcommit until the kubelet unprepares it)."""
         namespace, name, refs = bound.namespace, bound.name, bound.claims
+        where = f"{namespace}/{name}"
         answer = self._kubelets[bound.node].prepare(refs) if refs else {}
         cdi_devices: list[str] = []
         by_claim: dict[str, list[str]] = {}
@@ -435,16 +436,14 @@ class PodBinder:
         # unreserved, and the namespace can go.
         with self._lock:
             self._bound[key] = bound
-            if errors:
-                tries = self._preparing.get(key, (0.0, 0))[1] + 1
-                self._preparing[key] = (time.monotonic() + min(10.0, 0.25 * 2**tries), tries)
-            else:
-                self._preparing.pop(key, None)
         if errors:
-            where = f"{namespace}/{name}"
+            tries = self._preparing.get(key, (0.0, 0))[1] + 1
+            self._preparing[key] = (time.monotonic() + min(10.0, 0.25 * 2**tries), tries)
             log.info("prepare refused, retrying", extra={"pod": where, "error": bound.error})
+        else:
+            self._preparing.pop(key, None)
         try:
-            with api_errors(f"update status of Pod {namespace}/{name}"):
+            with api_errors(f"update status of Pod {where}"):
                 core.patch_namespaced_pod(
                     name,
                     namespace,
@@ -455,9 +454,8 @@ class PodBinder:
                     name, namespace, {"status": status}, _request_timeout=REQUEST_TIMEOUT_SECONDS
                 )
         except NotFoundError:
-            log.info("pod gone before its status was written", extra={"pod": f"{namespace}/{name}"})
+            log.info("pod gone before its status was written", extra={"pod": where})
             return
-        where = f"{namespace}/{name}"
         log.info("pod bound and prepared", extra={"pod": where, "node": bound.node, "phase": phase})
 
     def _reserve(

@@ -12,8 +12,8 @@ from typing import Any, cast
 from kubernetes import client
 
 from driver.demo.cluster import CONSOLIDATION_MIN_RUNTIME_SECONDS
-from driver.demo.objects import GATE, build_claim, build_pod, gpu_request
-from driver.demo.preemption_scene import SceneHost
+from driver.demo.objects import GATE, gpu_request
+from driver.demo.preemption_scene import SceneHost, create_pinned, events
 from driver.gpu_usage import compute_gpu_usage
 from driver.kube import REQUEST_TIMEOUT_SECONDS, as_dict
 
@@ -22,16 +22,6 @@ __all__ = ["run_consolidation_scene"]
 MIB = 1 << 20
 APP = "web"
 MOVABLE_LABEL = "fractional.dev/movable"  # written as a user writes it (docs/consolidation.md)
-
-
-def _create(demo: SceneHost, namespace: str, name: str, request: dict[str, Any], node: str) -> None:
-    claim = build_claim(f"{name}-claim", namespace, [request])
-    demo.resource.create_namespaced_resource_claim(
-        namespace, cast(Any, claim), _request_timeout=REQUEST_TIMEOUT_SECONDS
-    )
-    pod = build_pod(name, namespace, [f"{name}-claim"], cpu="1", memory="1Gi")
-    pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}
-    demo.core.create_namespaced_pod(namespace, cast(Any, pod), _request_timeout=REQUEST_TIMEOUT_SECONDS)
 
 
 def _deployment(namespace: str, node: str, replicas: int) -> dict[str, Any]:
@@ -82,11 +72,6 @@ def _gpu(demo: SceneHost, claim: str) -> str:
     return ", ".join(f"{r['pool']}/{r['device']}" for r in demo.allocation_of(claim))
 
 
-def _events(demo: SceneHost, namespace: str, reason: str) -> list[dict[str, Any]]:
-    items = demo.core.list_namespaced_event(namespace, _request_timeout=REQUEST_TIMEOUT_SECONDS).items
-    return [as_dict(e) for e in items if e.reason == reason]
-
-
 def run_consolidation_scene(demo: SceneHost, namespace: str) -> None:
     usage = compute_gpu_usage(demo.slices(), demo.claims())
     free: dict[str, list[Any]] = {}
@@ -108,7 +93,7 @@ def run_consolidation_scene(demo: SceneHost, namespace: str) -> None:
         f"{share_mib}Mi shares there, left on those two GPUs by churn"
     )
     for name in batch:
-        _create(demo, namespace, name, gpu_request(), node)
+        create_pinned(demo, namespace, name, gpu_request(), node)
     demo.expect(lambda: demo.running(batch), "batch pods running")
     template = {
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
@@ -125,7 +110,7 @@ def run_consolidation_scene(demo: SceneHost, namespace: str) -> None:
         namespace, cast(Any, _deployment(namespace, node, 1)), _request_timeout=REQUEST_TIMEOUT_SECONDS
     )
     demo.expect(lambda: len(_running(_web_pods(demo, namespace))) == 1, f"one replica of '{APP}' running")
-    _create(demo, namespace, "pad", gpu_request(memory=f"{total_mib - share_mib}Mi"), node)
+    create_pinned(demo, namespace, "pad", gpu_request(memory=f"{total_mib - share_mib}Mi"), node)
     demo.expect(lambda: demo.running(["pad"]), "pad running")
     apps.patch_namespaced_deployment(
         APP, namespace, {"spec": {"replicas": 2}}, _request_timeout=REQUEST_TIMEOUT_SECONDS
@@ -144,11 +129,11 @@ def run_consolidation_scene(demo: SceneHost, namespace: str) -> None:
         f"applies); the demo's controller runs with --consolidation (minimum runtime "
         f"{CONSOLIDATION_MIN_RUNTIME_SECONDS} s for the demo; the chart's default is 600 s)"
     )
-    _create(demo, namespace, "solo", gpu_request(), node)
-    demo.expect(lambda: _events(demo, namespace, "Consolidated"), f"a replica of '{APP}' moved")
-    for event in _events(demo, namespace, "Consolidating"):
+    create_pinned(demo, namespace, "solo", gpu_request(), node)
+    demo.expect(lambda: events(demo, namespace, "Consolidated"), f"a replica of '{APP}' moved")
+    for event in events(demo, namespace, "Consolidating"):
         demo.say(f"  {event['involvedObject']['name']}: {event['message']}")
-    (moved_event,) = _events(demo, namespace, "Consolidated")
+    (moved_event,) = events(demo, namespace, "Consolidated")
     moved = str(moved_event["involvedObject"]["name"])
     demo.say(f"  moved {moved}: {moved_event['message']}")
     demo.expect(lambda: demo.running(["solo"]), "'solo' placed on the freed GPU")

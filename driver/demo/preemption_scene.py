@@ -14,7 +14,7 @@ from driver.demo.objects import build_claim, build_pod, gpu_request
 from driver.gpu_usage import GPUUsage, compute_gpu_usage
 from driver.kube import REQUEST_TIMEOUT_SECONDS, as_dict
 
-__all__ = ["run_preemption_scene"]
+__all__ = ["create_pinned", "events", "run_preemption_scene"]
 
 MIB = 1 << 20
 LOW, HIGH = ("research-low", 100), ("training-high", 10000)
@@ -34,19 +34,23 @@ class SceneHost(Protocol):
     def expect(self, predicate: Callable[[], Any], what: str) -> None: ...
 
 
-def _create(demo: SceneHost, namespace: str, name: str, request: dict[str, Any], priority: str, node: str,
-            gang: str | None = None, size: int | None = None) -> None:  # fmt: skip
+def create_pinned(
+    demo: SceneHost, namespace: str, name: str, request: dict[str, Any], node: str, *,
+    priority: str | None = None, gang: str | None = None, size: int | None = None,
+) -> None:  # fmt: skip
+    """A claim of ``request`` and a gated pod using it, held to ``node`` by its nodeSelector."""
     claim = build_claim(f"{name}-claim", namespace, [request])
     demo.resource.create_namespaced_resource_claim(
         namespace, cast(Any, claim), _request_timeout=REQUEST_TIMEOUT_SECONDS
     )
     pod = build_pod(name, namespace, [f"{name}-claim"], gang=gang, gang_size=size, cpu="1", memory="1Gi")
-    pod["spec"]["priorityClassName"] = priority
+    if priority:
+        pod["spec"]["priorityClassName"] = priority
     pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}
     demo.core.create_namespaced_pod(namespace, cast(Any, pod), _request_timeout=REQUEST_TIMEOUT_SECONDS)
 
 
-def _events(demo: SceneHost, namespace: str, reason: str) -> list[dict[str, Any]]:
+def events(demo: SceneHost, namespace: str, reason: str) -> list[dict[str, Any]]:
     items = demo.core.list_namespaced_event(namespace, _request_timeout=REQUEST_TIMEOUT_SECONDS).items
     return [as_dict(e) for e in items if e.reason == reason]
 
@@ -79,7 +83,7 @@ def run_preemption_scene(demo: SceneHost, namespace: str) -> None:
         f"{LOW[1]}) fill the {len(gpus)} GPUs of {node}"
     )
     for name in research:
-        _create(demo, namespace, name, gpu_request(memory=f"{share_mib}Mi"), LOW[0], node)
+        create_pinned(demo, namespace, name, gpu_request(memory=f"{share_mib}Mi"), node, priority=LOW[0])
     demo.expect(lambda: demo.running(research), "research shares running")
     urgent = ["urgent-0", "urgent-1"]
     demo.say(
@@ -87,11 +91,13 @@ def run_preemption_scene(demo: SceneHost, namespace: str) -> None:
         f"{HIGH[1]}"
     )
     for name in urgent:
-        _create(demo, namespace, name, gpu_request(), HIGH[0], node, gang="urgent", size=len(urgent))
+        create_pinned(
+            demo, namespace, name, gpu_request(), node, priority=HIGH[0], gang="urgent", size=len(urgent)
+        )
     demo.expect(lambda: demo.running(urgent), "gang 'urgent' placed after preempting research shares")
-    for event in _events(demo, namespace, "Preempting"):
+    for event in events(demo, namespace, "Preempting"):
         demo.say(f"  {event['involvedObject']['name']}: {event['message']}")
-    for event in sorted(_events(demo, namespace, "Preempted"), key=lambda e: e["involvedObject"]["name"]):
+    for event in sorted(events(demo, namespace, "Preempted"), key=lambda e: e["involvedObject"]["name"]):
         demo.say(
             f"  preempted {event['involvedObject']['name']}: {event['message']} (evicted through the "
             "Eviction API, which marks it DisruptionTarget: EvictionByEvictionAPI)"

@@ -132,7 +132,7 @@ class Schedule:
     window: tuple[int, int] | None = None
     stranded_ratio: float = 0.25
     interval_seconds: float = 300.0
-    max_moves_per_device: int = 1  # a GPU holding more pods that would move is not emptied
+    max_moves_per_gpu: int = 1  # a GPU holding more pods that would move is not emptied
 
 
 def in_window(window: tuple[int, int] | None, minute: int) -> bool:
@@ -241,11 +241,7 @@ def useful_movers(
       (a free device counts whole).
 
     Refusals are counted in ``refusals`` (``pinned``, ``no_room``)."""
-    on_device: dict[DeviceKey, int] = {}
-    for mover in movers:
-        for claim in mover.claims:
-            for device in _result_devices((claim.get("status") or {}).get("allocation") or {}):
-                on_device[device] = on_device.get(device, 0) + 1
+    on_device = _claims_per_device(movers)
     holes: list[tuple[int, DeviceKey]] = []
     for node, devices in free_summary.items():
         for name, info in devices.items():
@@ -282,16 +278,12 @@ def drain_order(
     ``max_pods`` pods empties; the fewest pods moved first (then the least disruption, as
     ``cost_of``), then the GPU on the node with the most GPUs already free (a whole node for a gang
     sooner), then by name."""
+    shares = [m for m in movers if not m.whole]
     by_device: dict[DeviceKey, list[Mover]] = {}
-    on_device: dict[DeviceKey, int] = {}
-    for mover in movers:
-        if mover.whole:
-            continue
+    for mover in shares:
         for device in mover.devices:
             by_device.setdefault(device, []).append(mover)
-        for claim in mover.claims:
-            for device in _result_devices((claim.get("status") or {}).get("allocation") or {}):
-                on_device[device] = on_device.get(device, 0) + 1
+    on_device = _claims_per_device(shares)
     free_by_pool: dict[str, int] = {}
     for node, devices in free_summary.items():
         for info in devices.values():
@@ -526,7 +518,7 @@ class Consolidator:
         state = self.cache.state
         summary = state.free_summary()
         holders = self._holders()
-        most = min(self.settings.schedule.max_moves_per_device, self.settings.budget.max_moves)
+        most = min(self.settings.schedule.max_moves_per_gpu, self.settings.budget.max_moves)
         drainable = drain_order(movers, holders, summary, max_pods=most)
         free = [
             (DRIVER_NAME, str(info.get("pool") or node), name)
@@ -1004,14 +996,20 @@ def _result_devices(allocation: Mapping[str, Any]) -> set[DeviceKey]:
     }
 
 
-def devices_freed(found: MovePlan, holders: Mapping[DeviceKey, int]) -> int:
-    """Devices the moves leave wholly free: every claim on them moved, and no move lands there
-    (``holders``: allocated claims per device before the moves)."""
-    moved: dict[DeviceKey, int] = {}
-    for mover in found.movers:
+def _claims_per_device(movers: Iterable[Mover]) -> dict[DeviceKey, int]:
+    """The movers' allocated claims, counted per device they hold."""
+    counts: dict[DeviceKey, int] = {}
+    for mover in movers:
         for claim in mover.claims:
             for device in _result_devices((claim.get("status") or {}).get("allocation") or {}):
-                moved[device] = moved.get(device, 0) + 1
+                counts[device] = counts.get(device, 0) + 1
+    return counts
+
+
+def devices_freed(found: MovePlan, holders: Mapping[DeviceKey, int]) -> int:
+    """Devices the moves leave wholly free: every claim on them moved, and no move lands there
+    (``holders``: claims and holds per device before the moves)."""
+    moved = _claims_per_device(found.movers)
     landing = {d for m in found.moves for _, a in m.allocations for d in _result_devices(a)}
     return sum(1 for d, n in moved.items() if holders.get(d, 0) <= n and d not in landing)
 

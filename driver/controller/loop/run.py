@@ -100,7 +100,7 @@ def settings_from_config(config: ControllerConfig) -> ReconcilerSettings:
                 enabled=config.consolidation_schedule,
                 window=parse_window(config.consolidation_schedule_window),
                 stranded_ratio=config.consolidation_schedule_stranded_ratio,
-                max_moves_per_device=config.consolidation_schedule_max_moves_per_gpu,
+                max_moves_per_gpu=config.consolidation_schedule_max_moves_per_gpu,
                 interval_seconds=config.consolidation_schedule_interval_seconds,
             ),
         )
