@@ -12,12 +12,16 @@ from __future__ import annotations
 
 import copy
 import itertools
+import random
 from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from driver.controller.gangs.burst import decide_all
 from driver.controller.gangs.decide import Decision
 from driver.controller.gangs.plan import plan_gang
-from driver.controller.model.objects import Resources
+from driver.controller.model.objects import Resources, pod_requests
 from driver.controller.view.cache import ClusterCache, Kind
 from driver.inventory.fake import load_profile, resolve_profile
 from driver.slices import build_device_classes, build_resource_slices
@@ -213,3 +217,43 @@ def test_the_fragmentation_policy_keeps_cpu_beside_free_gpus_for_the_usual_gpu_p
     cache.apply(Kind.POD, "ADDED", _stamp(copy.deepcopy(pod)))
     [decision] = decide_all(cache, [plan_gang(cache, cache.gang_key(pod))], policy="fragmentation")
     assert isinstance(decision, Decision) and [node for _, node in decision.pod_nodes] == ["cpus"]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**32 - 1))
+def test_nodes_without_room_kept_between_calls_match_a_full_look(seed: int) -> None:
+    # The answer is kept per requests and brought up to date from the nodes changed since: pods bound,
+    # placed or gone, a node's allocatable changed, a node gone or new.
+    rng = random.Random(seed)
+    cache = _cluster([])
+    asks = [
+        Resources(cpu_millis=c, memory_bytes=m * 2**30, pods=1) for c in (500, 4000, 16_000) for m in (1, 32)
+    ]
+    pods: list[dict[str, Any]] = []
+    for step in range(60):
+        action = rng.randrange(5)
+        if action == 0 or not pods:
+            node = f"n{rng.randrange(6)}"
+            cache.apply(Kind.NODE, "MODIFIED", _node(node, str(rng.choice((2, 8, 32)))))
+        if action == 1 and pods:
+            cache.apply(Kind.POD, "DELETED", copy.deepcopy(pods.pop(rng.randrange(len(pods)))))
+        elif action == 2:
+            cache.apply(Kind.NODE, "DELETED", _node(f"n{rng.randrange(6)}", "1"))
+        elif action in (3, 4):
+            pod = gated_pod(f"p{step}", [], cpu=str(rng.choice((1, 2, 4))))
+            pod["metadata"]["uid"] = f"p{step}"
+            if action == 3:
+                pod["spec"].pop("schedulingGates")
+                pod["spec"]["nodeName"] = f"n{rng.randrange(6)}"
+            cache.apply(Kind.POD, "ADDED", _stamp(pod))
+            if action == 4:
+                cache.assume_placement(
+                    f"{pod['metadata']['namespace']}/p{step}", f"n{rng.randrange(6)}", pod_requests(pod)
+                )
+            pods.append(pod)
+        for ask in rng.sample(asks, 2):
+            expected = {
+                node for node in (n["metadata"]["name"] for n in cache.objects(Kind.NODE))
+                if not (cache.node_usage(node) + ask).fits_within(cache.allocatable(node) or Resources())
+            }  # fmt: skip
+            assert cache.nodes_without_room(ask) == expected, (step, ask)

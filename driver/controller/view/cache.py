@@ -42,6 +42,8 @@ __all__ = ["HOSTNAME_LABEL", "ClusterCache", "Kind"]
 HOSTNAME_LABEL = "kubernetes.io/hostname"  # what a pod without devices is pinned by
 
 MAX_DELETED_UIDS = 100_000
+MAX_ROOM_CHANGES = 50_000  # node usage changes kept for nodes_without_room's memos
+MAX_ROOM_MEMO = 256  # distinct requests whose nodes without room are kept
 
 
 class Kind(StrEnum):
@@ -123,6 +125,11 @@ class ClusterCache:
         # Allocations decided but not yet seen written (the writers are behind): the allocator
         # counts these versions until the server's version carries an allocation, or we forget them.
         self._assumed: dict[ObjectKey, dict[str, Any]] = {}
+        # nodes_without_room, kept per requests and brought up to date from the nodes whose usage or
+        # allocatable changed since (``_room_changes``; ``_room_base``: the changes dropped before it)
+        self._room_changes: list[str] = []
+        self._room_base = 0
+        self._room_memo: dict[Resources, tuple[int, set[str]]] = {}
         self.gang_sources: frozenset[GangSource] = ALL_SOURCES  # set from --gang-sources / discovery
 
     def _lookup(self, kind: str, key: str) -> dict[str, Any] | None:
@@ -272,6 +279,7 @@ class ClusterCache:
             name = str(obj["metadata"]["name"])
             self.state.upsert_node(name, dict(obj["metadata"].get("labels") or {}))
             self._allocatable[name] = node_allocatable(obj)
+            self._room_changed(name)
         elif kind is Kind.POD:
             self._index_pod(key, obj)
 
@@ -292,6 +300,7 @@ class ClusterCache:
             self._exclusion_memo.clear()
             self.state.remove_node(str(old["metadata"]["name"]))
             self._allocatable.pop(str(old["metadata"]["name"]), None)
+            self._room_changed(str(old["metadata"]["name"]))
         elif kind is Kind.POD:
             self._unindex_pod(key)
             self._drop_placement(key)
@@ -310,12 +319,14 @@ class ClusterCache:
         if bound is not None:
             node, requests = bound
             self._usage[node] = self._usage[node] - requests
+            self._room_changed(node)
 
     def _drop_placement(self, key: ObjectKey) -> None:
         placed = self._placed.pop(key, None)
         if placed is not None:
             node, requests = placed
             self._usage[node] = self._usage[node] - requests
+            self._room_changed(node)
 
     def claim_refs(self, pod: dict[str, Any]) -> tuple[ClaimRef, ...]:
         """The pod's claims by entry, a claim it shares through its PodGroup (KEP-5729) resolved."""
@@ -351,6 +362,7 @@ class ClusterCache:
             requests = pod_requests(pod)
             self._bound[key] = (node, requests)
             self._usage[node] = self._usage[node] + requests
+            self._room_changed(node)
 
     def assume_allocations(self, pairs: list[tuple[dict[str, Any], dict[str, Any]]]) -> list[dict[str, Any]]:
         """Count each (claim, allocation) as allocated now, before the writers have written it (or,
@@ -411,6 +423,7 @@ class ClusterCache:
             self._drop_placement(key)
             self._placed[key] = (node, requests)
             self._usage[node] = self._usage[node] + requests
+            self._room_changed(node)
 
     # -- reads (callers that need several to agree hold ``lock``) ------------------------------------
 
@@ -489,18 +502,38 @@ class ClusterCache:
         return allocatable.cpu_millis - self._usage.get(node, Resources()).cpu_millis
 
     def nodes_without_room(self, requests: Resources) -> frozenset[str]:
-        """Nodes whose allocatable, less what is bound or placed there, cannot take ``requests``."""
-        cpu, memory, pods = requests.cpu_millis, requests.memory_bytes, requests.pods
-        short = []
+        """Nodes whose allocatable, less what is bound or placed there, cannot take ``requests``.
+        Kept per ``requests`` between calls: a call looks again only at the nodes changed since."""
         with self.lock:
-            usage = self._usage
-            nothing = Resources()
-            for node, allocatable in self._allocatable.items():
-                used = usage.get(node, nothing)
-                if (
-                    cpu > allocatable.cpu_millis - used.cpu_millis
-                    or memory > allocatable.memory_bytes - used.memory_bytes
-                    or pods > allocatable.pods - used.pods
-                ):
-                    short.append(node)
-        return frozenset(short)
+            now = self._room_base + len(self._room_changes)
+            held = self._room_memo.get(requests)
+            if held is not None and held[0] >= self._room_base:
+                short = held[1]
+                for node in set(self._room_changes[held[0] - self._room_base :]):
+                    if self._short_of_room(node, requests):
+                        short.add(node)
+                    else:
+                        short.discard(node)
+            else:
+                short = {node for node in self._allocatable if self._short_of_room(node, requests)}
+                if len(self._room_memo) >= MAX_ROOM_MEMO:
+                    self._room_memo.clear()
+            self._room_memo[requests] = (now, short)
+            return frozenset(short)
+
+    def _short_of_room(self, node: str, requests: Resources) -> bool:
+        allocatable = self._allocatable.get(node)
+        if allocatable is None:
+            return False  # gone: no longer a node
+        used = self._usage.get(node) or Resources()
+        return (
+            requests.cpu_millis > allocatable.cpu_millis - used.cpu_millis
+            or requests.memory_bytes > allocatable.memory_bytes - used.memory_bytes
+            or requests.pods > allocatable.pods - used.pods
+        )
+
+    def _room_changed(self, node: str) -> None:
+        self._room_changes.append(node)
+        if len(self._room_changes) > MAX_ROOM_CHANGES:  # memos older than this look at every node
+            self._room_base += len(self._room_changes)
+            self._room_changes.clear()
