@@ -176,6 +176,7 @@ class OursPolicy:
         self.index = {n.name: i for i, n in enumerate(self.nodes)}
         self.policy = policy
         self.cache = ClusterCache(topology_label="topology.kubernetes.io/zone")
+        self.cache.learn_workload = policy == "fragmentation"
         self.versions = itertools.count(2)
         self.kube_scheduler = KubeSchedulerDefault(self.nodes, random.Random(seed))
         template = load_profile(resolve_profile("h100-8x"))

@@ -30,7 +30,11 @@ class ClusterState(ClusterData):
         self._fragmentation = Fragmentation(self, self.workload)
 
     def learn(self, claims: Sequence[Mapping[str, Any]], *, cpu_millis: int) -> None:
-        """Count one placed pod (its claims and CPU) in the typical workload (``fragmentation``)."""
+        """Count one arriving pod (its claims and CPU; no claims: a pod without devices) in the
+        typical workload (``fragmentation``). Pods of shapes the model does not score are left out."""
+        if not claims:
+            self.workload.observe(Shape(cpu_millis, 0, WHOLE, ()), None)
+            return
         try:
             found = self._shape(claims, cpu_millis)
         except AllocationError:

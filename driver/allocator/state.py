@@ -240,6 +240,10 @@ class ClusterData:
     def is_node(self, name: str) -> bool:
         return name in self._labels if self._labels else name in self._node_pools
 
+    def publishes_devices(self, node: str) -> bool:
+        """Whether a ResourceSlice of ``node`` is known (its devices are ours to place)."""
+        return node in self._node_pools
+
     # ------------------------------------------------------------ claims (the ledger)
 
     def upsert_claim(self, raw: Mapping[str, Any]) -> None:

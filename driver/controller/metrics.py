@@ -267,7 +267,7 @@ class ControllerMetrics:
         self._typical_version = version
         self.typical_workload.clear()
         for shape, weight in typical:
-            memory = "whole" if shape.memory < 0 else str(shape.memory)
+            memory = "none" if not shape.devices else "whole" if shape.memory < 0 else str(shape.memory)
             self.typical_workload.labels(
                 devices=str(shape.devices), memory_bytes=memory, cpu_millis=str(shape.cpu_millis)
             ).set(weight)

@@ -249,6 +249,9 @@ def _fragment_by_hand(weighted: list[tuple[int, int, int, int, float]], cpu: int
     total = sum(free for _, free, _ in devices)
     fragment = 0.0
     for shape_cpu, count, memory, selector, weight in weighted:
+        if count == 0:  # a pod without devices uses none of it
+            fragment += weight * total
+            continue
         usable = sum(
             1 for size, free, accepts in devices
             if accepts[selector] and ((free == size) if memory == WHOLE else free >= memory)
@@ -271,7 +274,7 @@ def test_the_incremental_delta_equals_the_fragment_computed_again(seed: int) -> 
     scorer = Fragmentation(state, state.workload)
     selectors = rng.randrange(1, 3)
     scorer._weighted = [
-        (rng.randrange(0, 16_000, 1000), rng.choice((1, 1, 2, 4)), rng.choice((WHOLE, 10, 20, 40)),
+        (rng.randrange(0, 16_000, 1000), rng.choice((0, 1, 1, 2, 4)), rng.choice((WHOLE, 10, 20, 40)),
          rng.randrange(selectors), rng.random())
         for _ in range(rng.randrange(1, 6))
     ]  # fmt: skip
@@ -302,3 +305,41 @@ def test_the_incremental_delta_equals_the_fragment_computed_again(seed: int) -> 
         for taken in options
     )  # fmt: skip
     assert delta == pytest.approx(expected)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 2**32 - 1))
+def test_scores_kept_between_decisions_rank_as_scores_computed_afresh(seed: int) -> None:
+    # Scores are kept per (devices, shape, CPU class): nodes whose devices are alike share one score
+    # whatever CPU each has left between two typical shapes' CPU. The ranking must be the one a scorer
+    # that keeps nothing gives, after any sequence of placements and CPU changes.
+    from driver.allocator import fragmentation
+    from driver.allocator.fragmentation import Fragmentation
+
+    rng = random.Random(seed)
+    nodes = {f"n{i}": [(80, rng.choice(("A100", "L4")))] * rng.choice((1, 2, 4)) for i in range(10)}
+    state = _state(nodes)
+    cpu = {n: rng.randrange(0, 64_000, 500) for n in nodes}
+    _teach(
+        state, [(_claim(rng.choice((None, 10, 20, 40))), rng.randrange(0, 16_000, 500)) for _ in range(4)], 8
+    )
+    kept = Fragmentation(state, state.workload)
+    previous = fragmentation.FRESH_SCORES
+    fragmentation.FRESH_SCORES = 10**6
+    try:
+        for _ in range(12):
+            pod = _claim(rng.choice((None, 5, 10, 30)))
+            pod_cpu = rng.randrange(0, 16_000, 500)
+            [parsed] = parse_claims(state, [pod], "best-fit")
+            found = shape_of([parsed], pod_cpu)
+            assert found is not None
+            ranked = kept.rank(*found, list(nodes), cpu.__getitem__)
+            afresh = Fragmentation(state, state.workload).rank(*found, list(nodes), cpu.__getitem__)
+            assert ranked == afresh
+            if ranked:
+                _allocate(state, pod, ranked[0])
+                cpu[ranked[0]] -= pod_cpu
+            changed = rng.choice(list(nodes))
+            cpu[changed] = rng.randrange(0, 64_000, 500)  # a pod without devices came or went
+    finally:
+        fragmentation.FRESH_SCORES = previous

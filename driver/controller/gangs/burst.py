@@ -17,6 +17,7 @@ from driver.controller.gangs.decide import (
     Exclusions,
     assume_decision,
     decide,
+    learn_plan,
     node_fit,
     room_exclusions,
     without_devices,
@@ -42,6 +43,9 @@ def decide_all(
     ``cache.lock`` is taken for the burst, then for each gang decided on its own (it is
     re-entrant: a caller that holds it keeps it for the whole pass)."""
     with cache.lock:
+        if policy == FRAGMENTATION:
+            for plan in plans:
+                learn_plan(cache, plan)
         results = _burst(cache, plans, policy=policy)
     for index, plan in enumerate(plans):
         if results[index] is not None:
@@ -56,7 +60,7 @@ def decide_all(
                 results[index] = error
                 continue
             if decision.outcome == "allocated":
-                assume_decision(cache, decision, learn=policy == FRAGMENTATION)
+                assume_decision(cache, decision)
         results[index] = decision
     return [r for r in results if r is not None]
 
@@ -110,7 +114,7 @@ def _burst(
                     decision = Decision(
                         outcome="allocated", allocations=tuple(chosen), pod_nodes=tuple(pod_nodes)
                     )
-                    assume_decision(cache, decision, learn=policy == FRAGMENTATION)
+                    assume_decision(cache, decision)
                     results[index] = decision
             break
     return results

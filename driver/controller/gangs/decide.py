@@ -29,6 +29,7 @@ __all__ = [
     "assume_decision",
     "decide",
     "group_node",
+    "learn_plan",
     "node_fit",
     "room_exclusions",
     "short_dimension",
@@ -345,18 +346,24 @@ def _shortfall_elsewhere(
     return node_fit(cache, plan, chosen)[2]
 
 
-def assume_decision(cache: ClusterCache, decision: Decision, *, learn: bool = False) -> None:
+def assume_decision(cache: ClusterCache, decision: Decision) -> None:
     """Count an allocated decision at once (devices, and the pods' CPU/memory on their nodes), so the
-    next decision sees it while the writers are still writing it. ``learn``: count its pods in the
-    typical workload too (the fragmentation policy's; parsing the claims again costs about a
-    millisecond a decision, so only under that policy)."""
+    next decision sees it while the writers are still writing it."""
     cache.assume_allocations(list(decision.allocations))
-    claims = {str(object_key(claim)): claim for claim, _ in decision.allocations}
     for pod, node in decision.pod_nodes:
         if node:
-            requests = pod_requests(pod)
-            cache.assume_placement(str(object_key(pod)), node, requests)
+            cache.assume_placement(str(object_key(pod)), node, pod_requests(pod))
+
+
+def learn_plan(cache: ClusterCache, plan: GangPlan) -> None:
+    """Count the plan's pods in the typical workload (the fragmentation policy's), each once, when
+    first decided, whether they are placed or not: the workload is what arrives. A pod counts with
+    its own claims still to allocate, or as a pod without devices when it refers to no claim."""
+    for group in plan.groups:
+        pending = {str(object_key(claim)): claim for claim in group.pending_claims}
+        for pod in group.pods:
             namespace = pod["metadata"].get("namespace")
-            own = [claims[k] for r in pod_claim_refs(pod) if (k := f"{namespace}/{r.claim_name}") in claims]
-            if own and learn:
-                cache.state.learn(own, cpu_millis=requests.cpu_millis)
+            refs = pod_claim_refs(pod)
+            own = [pending[k] for r in refs if (k := f"{namespace}/{r.claim_name}") in pending]
+            if own or not refs:
+                cache.learn_pod(pod, own)

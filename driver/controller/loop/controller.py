@@ -145,6 +145,7 @@ class Controller:
         self._metrics_refresh_seconds = metrics_refresh_seconds
         self.stop_event = threading.Event()
         self.cache = ClusterCache(topology_label=settings.topology_label)
+        self.cache.learn_workload = settings.policy == "fragmentation"
         self.queue = WorkQueue()
         self._generation_lock = threading.Lock()
         self._capacity_generation = 0

@@ -125,11 +125,14 @@ class ClusterCache:
         # Allocations decided but not yet seen written (the writers are behind): the allocator
         # counts these versions until the server's version carries an allocation, or we forget them.
         self._assumed: dict[ObjectKey, dict[str, Any]] = {}
+        # The pods counted in the typical workload (``learn_pod``), by key: the UID counted.
+        self._learned: dict[ObjectKey, str] = {}
         # nodes_without_room, kept per requests and brought up to date from the nodes whose usage or
         # allocatable changed since (``_room_changes``; ``_room_base``: the changes dropped before it)
         self._room_changes: list[str] = []
         self._room_base = 0
         self._room_memo: dict[Resources, tuple[int, set[str]]] = {}
+        self.learn_workload = False  # set under the fragmentation policy: count kube-scheduler's pods
         self.gang_sources: frozenset[GangSource] = ALL_SOURCES  # set from --gang-sources / discovery
 
     def _lookup(self, kind: str, key: str) -> dict[str, Any] | None:
@@ -304,6 +307,7 @@ class ClusterCache:
         elif kind is Kind.POD:
             self._unindex_pod(key)
             self._drop_placement(key)
+            self._learned.pop(key, None)
 
     def _unindex_pod(self, key: ObjectKey) -> None:
         gang = self._pod_gang.pop(key, None)
@@ -363,6 +367,24 @@ class ClusterCache:
             self._bound[key] = (node, requests)
             self._usage[node] = self._usage[node] + requests
             self._room_changed(node)
+            if self.learn_workload and not refs and self.state.publishes_devices(node):
+                self._learn(key, pod, [], requests.cpu_millis)  # kube-scheduler placed it beside devices
+
+    def learn_pod(self, pod: dict[str, Any], claims: list[dict[str, Any]]) -> None:
+        """Count a pod in the typical workload of the fragmentation policy, once: the first time it
+        is decided (``claims``: its own claims; none for a pod without devices). Pods without devices
+        that kube-scheduler binds to a node publishing devices are counted when first seen bound."""
+        with self.lock:
+            self._learn(object_key(pod), pod, claims, pod_requests(pod).cpu_millis)
+
+    def _learn(
+        self, key: ObjectKey, pod: dict[str, Any], claims: list[dict[str, Any]], cpu_millis: int
+    ) -> None:
+        uid = _uid(pod)
+        if self._learned.get(key) == uid:
+            return
+        self._learned[key] = uid
+        self.state.learn(claims, cpu_millis=cpu_millis)
 
     def assume_allocations(self, pairs: list[tuple[dict[str, Any], dict[str, Any]]]) -> list[dict[str, Any]]:
         """Count each (claim, allocation) as allocated now, before the writers have written it (or,
