@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import sys
 import time
@@ -57,7 +58,14 @@ POLICIES = ("best-fit", "fgd", "ours")
 # The controller with --policy fragmentation, and with CPU-only pods placed by it too (their namespace
 # labelled fractional.dev/placement=all-pods), each opt-in.
 EXTRA_POLICIES = ("ours-all-pods", "ours-fragmentation", "ours-fragmentation-all-pods")
-TABLE_POLICIES = ("best-fit", "fgd", "ours", "ours-all-pods", "ours-fragmentation-all-pods")
+TABLE_POLICIES = (
+    "best-fit",
+    "fgd",
+    "ours",
+    "ours-all-pods",
+    "ours-fragmentation",
+    "ours-fragmentation-all-pods",
+)
 NODE_FILE = "openb_node_list_gpu_node.csv"
 
 # The published means over seeds 42-51 of the simulator's released results
@@ -188,22 +196,32 @@ def one_trace(args: argparse.Namespace) -> int:
     return 0
 
 
-def whole_table(trace_dir: Path, seeds: list[int], inflate: float, jobs: int, variants: list[str]) -> int:
+def whole_table(
+    trace_dir: Path,
+    seeds: list[int],
+    inflate: float,
+    jobs: int,
+    variants: list[str],
+    policies: Sequence[str] = TABLE_POLICIES,
+    result: str = "trace",
+) -> int:
+    """The table for ``variants`` (``policies`` beside the published columns), written as the bench
+    result ``result`` (its own section of BENCHMARKS.md: held-out variants can have theirs)."""
     nodes_csv = trace_dir / NODE_FILE
     rows: list[dict[str, Any]] = []
     for variant in variants:
         pods_csv = trace_dir / f"openb_pod_list_{variant}.csv"
         started = time.monotonic()
-        by_policy = run_trace(str(nodes_csv), str(pods_csv), seeds, inflate, TABLE_POLICIES, jobs)
+        by_policy = run_trace(str(nodes_csv), str(pods_csv), seeds, inflate, policies, jobs)
         summaries = {p: summarize(p, runs) for p, runs in by_policy.items()}
         published = PUBLISHED[variant]
         row: dict[str, Any] = {"variant": variant}
         for column, position in (("100", 0), ("130", 1)):
             row[f"paper best-fit {column}"] = published["best-fit"][position]
             row[f"paper fgd {column}"] = published["fgd"][position]
-            for policy in TABLE_POLICIES:
+            for policy in policies:
                 row[f"{policy} {column}"] = summaries[policy][f"at_{column}"]
-        for policy in TABLE_POLICIES:
+        for policy in policies:
             if policy.startswith("ours"):
                 median, p99 = summaries[policy]["decision_ms_median"], summaries[policy]["decision_ms_p99"]
                 row[f"{policy} ms median / p99"] = f"{median:.2f} / {p99:.2f}"
@@ -212,10 +230,12 @@ def whole_table(trace_dir: Path, seeds: list[int], inflate: float, jobs: int, va
               f"({time.monotonic() - started:.0f} s)", flush=True)  # fmt: skip
     span = f"{seeds[0]}-{seeds[-1]}" if len(seeds) > 1 else str(seeds[0])
     title = "Packing on Alibaba's production trace, against the FGD paper"
+    if result != "trace":
+        title += f" ({result}: seeds {span})"
     # The trace's folder is the user's, outside the checkout: recorded as the variable that names it.
     argv = [arg.replace(str(trace_dir), "$TRACE_DIR") for arg in sys.argv]
     command = " ".join([Path(sys.executable).name, *argv])
-    write_result("trace", rows, title=title, notes=NOTES.format(seeds=span), command=command)
+    write_result(result, rows, title=title, notes=NOTES.format(seeds=span), command=command)
     return 0
 
 
@@ -235,8 +255,11 @@ CEL selector on our productName attribute, and a node's allocatable is the trace
 "ours" is the default install: best-fit, and CPU-only pods placed as kube-scheduler's default
 profile would (bench/trace_ours.py: KubeSchedulerDefault). "ours-all-pods": the namespace opted in
 (fractional.dev/placement=all-pods), so the controller places the CPU-only pods too (best-fit: on
-nodes whose GPUs are taken already). "ours-fragmentation-all-pods": the same with --policy
-fragmentation (the typical workload learned from the pods placed). Decision time: the controller's
+nodes whose GPUs are taken already). "ours-fragmentation": --policy fragmentation, CPU-only pods
+placed as kube-scheduler's default profile would; "ours-fragmentation-all-pods": --policy
+fragmentation and the namespace opted in. Under fragmentation the typical workload is learned from
+the pods as they arrive, each once, CPU-only pods included (driver/allocator/fragmentation.py).
+Decision time: the controller's
 in-process time per pod (median of the runs' medians, and the largest p99), this machine, the runs
 two at a time on its two cores."""
 
@@ -248,7 +271,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=parse_seeds, default=parse_seeds("42-51"))
     parser.add_argument("--inflate", type=float, default=1.3, help="arrived GPU demand, x the cluster (1.3)")
     parser.add_argument("--policy", action="append", choices=POLICIES + EXTRA_POLICIES,
-                        help="repeat for several (default: best-fit, fgd, ours)")  # fmt: skip
+                        help="repeat for several (default: best-fit, fgd, ours; the whole table: "
+                             "all six)")  # fmt: skip
+    parser.add_argument("--result", default="trace",
+                        help="the whole table's result name (trace; e.g. trace-held-out)")  # fmt: skip
     parser.add_argument("--variants", help="whole table: only these variants (comma-separated)")
     parser.add_argument("--placements", help="write every placement here (CSV: seed,index,name,node,gpus)")
     parser.add_argument("--json", help="write the per-policy figures here")
@@ -272,7 +298,10 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [v for v in variants if v not in PUBLISHED]
     if unknown:
         parser.error(f"--variants: {', '.join(unknown)} not among the published: {', '.join(PUBLISHED)}")
-    return whole_table(trace_dir, args.seeds, args.inflate, args.jobs, variants)
+    if not re.fullmatch(r"trace[a-z0-9-]*", args.result):
+        parser.error(f"--result: {args.result!r} is not trace or trace-<name> (lower case, digits, -)")
+    policies = args.policy or list(TABLE_POLICIES)
+    return whole_table(trace_dir, args.seeds, args.inflate, args.jobs, variants, policies, args.result)
 
 
 if __name__ == "__main__":
