@@ -93,15 +93,21 @@ def main(argv: list[str]) -> int:
         print(f"== {script.name}: exit {result.returncode} in {time.monotonic() - started:.1f}s", flush=True)
         if result.returncode != 0:
             failures[script.name] = f"exit status {result.returncode}"
-    documents = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(RESULTS_DIR.glob("*.json"))]
+    documents = _documents()
     (ROOT / "BENCHMARKS.md").write_text(render_report(documents, failures), encoding="utf-8")
     print(f"wrote {ROOT / 'BENCHMARKS.md'}")
     return 1 if failures else 0
 
 
+def _documents() -> list[dict[str, Any]]:
+    """The stored results by name (a result ``x`` before ``x-held-out``)."""
+    paths = sorted(RESULTS_DIR.glob("*.json"), key=lambda p: p.stem)
+    return [json.loads(p.read_text(encoding="utf-8")) for p in paths]
+
+
 def rewrite_report() -> None:
     """Re-render BENCHMARKS.md from the stored results without running anything."""
-    documents = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(RESULTS_DIR.glob("*.json"))]
+    documents = _documents()
     (ROOT / "BENCHMARKS.md").write_text(render_report(documents, {}), encoding="utf-8")
 
 
