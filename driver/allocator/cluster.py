@@ -49,13 +49,14 @@ class ClusterState(ClusterData):
         cpu_millis: int,
         cpu_free: Callable[[str], int],
         exclude_nodes: frozenset[str] | set[str] = frozenset(),
-    ) -> list[str]:
+    ) -> list[str] | None:
         """Nodes for one pod's ``claims`` (its CPU ``cpu_millis``; ``cpu_free`` per node), the least
-        added fragment first (``fragmentation``). Empty when the pod is not of a shape the model
-        scores or nothing is learned yet: the caller then lets ``allocate`` choose."""
+        added fragment first (``fragmentation``); empty when none can take them. None when the pod
+        is not of a shape the model scores or nothing is learned yet: the caller then lets
+        ``allocate`` choose."""
         found = self._shape(claims, cpu_millis)
         if found is None:
-            return []
+            return None
         nodes = [n for n in self.node_names() if n not in exclude_nodes]
         return self._fragmentation.rank(found[0], found[1], nodes, cpu_free)
 
@@ -64,9 +65,9 @@ class ClusterState(ClusterData):
 
     def rank_nodes_without_devices(
         self, *, cpu_millis: int, cpu_free: Callable[[str], int], nodes: Sequence[str]
-    ) -> list[str]:
+    ) -> list[str] | None:
         """``nodes`` for a pod that asks for no devices, the least device memory its CPU strands for
-        the typical workload first (``fragmentation``); empty until a workload is learned."""
+        the typical workload first (``fragmentation``); None until a workload is learned."""
         return self._fragmentation.rank(Shape(cpu_millis, 0, WHOLE, ()), None, nodes, cpu_free)
 
     def allocate(

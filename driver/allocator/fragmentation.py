@@ -341,14 +341,15 @@ class Fragmentation:
         request: Request | None,
         nodes: Iterable[str],
         cpu_free: Callable[[str], int],
-    ) -> list[str]:
+    ) -> list[str] | None:
         """``nodes`` that can take the pod's devices and CPU, best first: those scored (the least
-        added fragment, ties in one fixed node order), then the rest in best-fit order. Empty when
-        the workload is not learned yet (the caller keeps its own order). ``request``: the pod's
-        device request (None for a pod without devices, ``shape.devices`` 0)."""
+        added fragment, ties in one fixed node order), then the rest in best-fit order; empty when
+        none can. None when the workload is not learned yet (the caller keeps its own order).
+        ``request``: the pod's device request (None for a pod without devices, ``shape.devices``
+        0)."""
         self._refresh()
         if not self._weighted:
-            return []
+            return None
         self.state.refresh()
         if shape.selector not in self._selectors:
             self._selectors.append(shape.selector)

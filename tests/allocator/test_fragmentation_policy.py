@@ -83,7 +83,7 @@ def _teach(state: ClusterState, claims_and_cpu: list[tuple[dict[str, Any], int]]
 
 def test_nothing_learned_means_no_ranking() -> None:
     state = _state({"a": [(80, "H100")]})
-    assert state.rank_nodes([_claim(10)], cpu_millis=1000, cpu_free=lambda n: 8000) == []
+    assert state.rank_nodes([_claim(10)], cpu_millis=1000, cpu_free=lambda n: 8000) is None
 
 
 def test_the_workload_keeps_the_shapes_that_make_up_most_of_it() -> None:
@@ -153,8 +153,8 @@ def test_pods_of_other_shapes_are_not_ranked() -> None:
     two_requests["spec"]["devices"]["requests"].append(
         {"name": "more", "exactly": {"deviceClassName": "gpu.fractional.dev"}}
     )
-    assert state.rank_nodes([two_requests], cpu_millis=1000, cpu_free=lambda n: 64_000) == []
-    assert state.rank_nodes([_claim(10), _claim(10)], cpu_millis=1000, cpu_free=lambda n: 64_000) == []
+    assert state.rank_nodes([two_requests], cpu_millis=1000, cpu_free=lambda n: 64_000) is None
+    assert state.rank_nodes([_claim(10), _claim(10)], cpu_millis=1000, cpu_free=lambda n: 64_000) is None
 
 
 def test_shape_of_reads_the_request() -> None:

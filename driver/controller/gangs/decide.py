@@ -235,13 +235,19 @@ def decide(
     static = set(static_exclusions(cache, plan)) | extra_exclude
     no_room = room_exclusions(cache, plan) - static
     excluded = static | no_room
+    fits_nowhere = False  # the fragmentation ranking found no node with room that takes the devices
     if policy == FRAGMENTATION:
         ranked = _ranked_decision(cache, plan, frozenset(excluded))
-        if ranked is not None:
+        if isinstance(ranked, Decision):
             return ranked
+        fits_nowhere = ranked is NOWHERE
     last_shortfall = ""
     for _attempt in range(MAX_NODE_FIT_ATTEMPTS):
-        chosen = allocate_groups(cache, plan.groups, policy=policy, exclude_nodes=frozenset(excluded))
+        chosen = (
+            None
+            if fits_nowhere
+            else allocate_groups(cache, plan.groups, policy=policy, exclude_nodes=frozenset(excluded))
+        )
         if chosen is None:
             if not last_shortfall and no_room:
                 last_shortfall = _shortfall_elsewhere(cache, plan, frozenset(static), policy=policy)
@@ -305,21 +311,44 @@ def _node_for_pod_without_devices(
     return Decision(outcome="allocated", pod_nodes=((pod, chosen),))
 
 
-def _ranked_decision(cache: ClusterCache, plan: GangPlan, excluded: frozenset[str]) -> Decision | None:
-    """One pod's claims on the node that adds the least fragment (``ClusterState.rank_nodes``): the
-    first of the best ``RANKED_TRIES`` where its claims allocate. None when the plan is not one free
-    pod, the model does not score its shape, or no ranked node takes it: the caller decides as
-    best-fit does."""
+class _Nowhere:
+    """The ranking's answer that no node outside those excluded takes the pod's devices and CPU."""
+
+
+NOWHERE = _Nowhere()
+
+
+def _ranked_nodes(cache: ClusterCache, plan: GangPlan, excluded: frozenset[str]) -> list[str] | None:
+    """``ClusterState.rank_nodes`` for a plan of one free pod (empty: no node takes it); None when
+    the plan is not one such pod or the model does not rank it."""
     if len(plan.groups) != 1:
         return None
     group = plan.groups[0]
     if len(group.pods) != 1 or group.pinned_node or group.conflict or not group.pending_claims:
         return None
-    claims = list(group.pending_claims)
     requests = pod_requests(group.pods[0])
-    ranked = cache.state.rank_nodes(
-        claims, cpu_millis=requests.cpu_millis, cpu_free=cache.cpu_free, exclude_nodes=excluded
+    return cache.state.rank_nodes(
+        list(group.pending_claims),
+        cpu_millis=requests.cpu_millis,
+        cpu_free=cache.cpu_free,
+        exclude_nodes=excluded,
     )
+
+
+def _ranked_decision(
+    cache: ClusterCache, plan: GangPlan, excluded: frozenset[str]
+) -> Decision | _Nowhere | None:
+    """One pod's claims on the node that adds the least fragment (``ClusterState.rank_nodes``): the
+    first of the best ``RANKED_TRIES`` where its claims allocate. ``NOWHERE`` when the ranking says
+    no node takes them (the ranking's fit is exact for the shapes it scores: the caller need not
+    search again). None when the plan is not one free pod, the model does not score its shape, or
+    no ranked node takes it: the caller decides as best-fit does."""
+    ranked = _ranked_nodes(cache, plan, excluded)
+    if ranked is None:
+        return None
+    if not ranked:
+        return NOWHERE
+    claims = list(plan.groups[0].pending_claims)
     for node in ranked[:RANKED_TRIES]:
         result = cache.state.allocate(claims, node=node, policy=FRAGMENTATION)
         if result is None:
