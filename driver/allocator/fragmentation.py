@@ -360,18 +360,13 @@ class Fragmentation:
         thresholds = self._thresholds
         scored: list[tuple[int, int, str]] = []
         fresh: list[tuple[int, int, str, _State, tuple[int, int, int, int]]] = []
-        held_nodes, node_version, known = self._nodes, self.state.node_version, len(self._selectors)
         pod_cpu, classify = shape.cpu_millis, bisect.bisect_right
         fits, free_memory = self._fits, self._free_memory
         for node in nodes:
             cpu = cpu_free(node)
             if cpu < pod_cpu:
                 continue
-            held = held_nodes.get(node)  # _node_state's check, inline: it runs for every node
-            if held is not None and held[1] == cpu and held[4] == known and held[0] == node_version(node):
-                number, node_state = held[3], held[2]
-            else:
-                number, node_state = self._node_state(node, cpu)
+            number, node_state = self._node_state(node, cpu)
             key = (number, shape_number, classify(thresholds, cpu), classify(thresholds, cpu - pod_cpu))
             found = scores.get(key, _UNSCORED)
             if found is _UNSCORED:

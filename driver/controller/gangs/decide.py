@@ -391,6 +391,8 @@ def learn_plan(cache: ClusterCache, plan: GangPlan) -> None:
     for group in plan.groups:
         pending = {str(object_key(claim)): claim for claim in group.pending_claims}
         for pod in group.pods:
+            if cache.has_learned(pod):  # a pod waiting is decided again each pass
+                continue
             namespace = pod["metadata"].get("namespace")
             refs = pod_claim_refs(pod)
             own = [pending[k] for r in refs if (k := f"{namespace}/{r.claim_name}") in pending]

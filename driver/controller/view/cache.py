@@ -370,6 +370,11 @@ class ClusterCache:
             if self.learn_workload and not refs and self.state.publishes_devices(node):
                 self._learn(key, pod, [], requests.cpu_millis)  # kube-scheduler placed it beside devices
 
+    def has_learned(self, pod: dict[str, Any]) -> bool:
+        """Whether this pod (this UID) is counted in the typical workload already."""
+        with self.lock:
+            return self._learned.get(object_key(pod)) == _uid(pod)
+
     def learn_pod(self, pod: dict[str, Any], claims: list[dict[str, Any]]) -> None:
         """Count a pod in the typical workload of the fragmentation policy, once: the first time it
         is decided (``claims``: its own claims; none for a pod without devices). Pods without devices
@@ -547,12 +552,7 @@ class ClusterCache:
         allocatable = self._allocatable.get(node)
         if allocatable is None:
             return False  # gone: no longer a node
-        used = self._usage.get(node) or Resources()
-        return (
-            requests.cpu_millis > allocatable.cpu_millis - used.cpu_millis
-            or requests.memory_bytes > allocatable.memory_bytes - used.memory_bytes
-            or requests.pods > allocatable.pods - used.pods
-        )
+        return not requests.fits_within(allocatable - (self._usage.get(node) or Resources()))
 
     def _room_changed(self, node: str) -> None:
         self._room_changes.append(node)
