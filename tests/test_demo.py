@@ -149,6 +149,11 @@ def test_demo_small_scenario_outcome_in_the_api(tmp_path: Path) -> None:
         assert len(web_gpus) == 1 and (solo["pool"], solo["device"]) not in web_gpus  # packed; solo whole
         # the moved pod's claim released (the garbage collector deletes it soon after, as its owner is gone)
         assert all(not results(name) for name in claims if name.startswith(moved))
+        # the batch pods finished: the README's kubectl walk-through after --keep-running (a share
+        # Deployment, a whole-GPU pod) has free GPUs to land on (the demo once left none)
+        held = {(r["pool"], r["device"]) for name in claims for r in results(name)}
+        gpus_free = [key for key, attrs in attributes.items() if key not in held and "productName" in attrs]
+        assert not [n for n in claims if n.startswith("batch-")] and len(gpus_free) >= 2, gpus_free
         assert (tmp_path / "out" / "packing.png").stat().st_size > 0
     finally:
         if api_client is not None:

@@ -72,6 +72,15 @@ def _gpu(demo: SceneHost, claim: str) -> str:
     return ", ".join(f"{r['pool']}/{r['device']}" for r in demo.allocation_of(claim))
 
 
+def _finish(demo: SceneHost, namespace: str, name: str) -> None:
+    """Pod ``name`` ends: deleted, its claim's devices released, then the claim deleted."""
+    demo.core.delete_namespaced_pod(name, namespace, _request_timeout=REQUEST_TIMEOUT_SECONDS)
+    demo.expect(lambda: not demo.allocation_of(f"{name}-claim"), f"the claim of {name} released")
+    demo.resource.delete_namespaced_resource_claim(
+        f"{name}-claim", namespace, _request_timeout=REQUEST_TIMEOUT_SECONDS
+    )
+
+
 def run_consolidation_scene(demo: SceneHost, namespace: str) -> None:
     usage = compute_gpu_usage(demo.slices(), demo.claims())
     free: dict[str, list[Any]] = {}
@@ -116,11 +125,7 @@ def run_consolidation_scene(demo: SceneHost, namespace: str) -> None:
         APP, namespace, {"spec": {"replicas": 2}}, _request_timeout=REQUEST_TIMEOUT_SECONDS
     )
     demo.expect(lambda: len(_running(_web_pods(demo, namespace))) == 2, f"two replicas of '{APP}' running")
-    demo.core.delete_namespaced_pod("pad", namespace, _request_timeout=REQUEST_TIMEOUT_SECONDS)
-    demo.expect(lambda: not demo.allocation_of("pad-claim"), "the pad's share released")
-    demo.resource.delete_namespaced_resource_claim(
-        "pad-claim", namespace, _request_timeout=REQUEST_TIMEOUT_SECONDS
-    )
+    _finish(demo, namespace, "pad")
     before = {p["metadata"]["name"]: _claim_of(p) for p in _web_pods(demo, namespace)}
     where = ", ".join(f"{name} on {_gpu(demo, claim)}" for name, claim in before.items())
     demo.say(f"  {where}: no GPU of {node} is free")
@@ -150,3 +155,6 @@ def run_consolidation_scene(demo: SceneHost, namespace: str) -> None:
         f"  the ReplicaSet made {replacement['metadata']['name']}; it landed on "
         f"{_gpu(demo, _claim_of(replacement))}, in the room kept for it beside {stays}"
     )
+    for name in batch:  # room for what a user tries next (fractional demo --keep-running, README)
+        _finish(demo, namespace, name)
+    demo.say(f"  the batch pods finish: {len(batch)} GPUs of {node} free again")
