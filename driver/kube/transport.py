@@ -23,6 +23,7 @@ import json
 import ssl
 import time
 import weakref
+from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -107,14 +108,17 @@ class JsonSender:
         *,
         what: str,
         content_type: str = "application/json",
+        query: Sequence[tuple[str, str]] = (),
     ) -> bytes:
-        """``body`` to ``path`` (a template filled from ``path_params``, quoted); the raw answer.
-        Errors raise as ``api_errors`` turns them (ConflictError on 409, TransientError, ...)."""
+        """``body`` to ``path`` (a template filled from ``path_params``, quoted; ``query`` its
+        parameters); the raw answer. Errors raise as ``api_errors`` turns them (ConflictError on
+        409, TransientError, ...)."""
         params = {key: str(value) for key, value in path_params.items() if "{" + key + "}" in path}
         method, url, headers, _body, _post = self._api_client.param_serialize(
             method,
             path,
             path_params=params,
+            query_params=list(query),
             header_params={"Accept": "application/json", "Content-Type": content_type},
             auth_settings=["BearerToken"],
         )

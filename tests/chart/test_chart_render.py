@@ -91,7 +91,7 @@ def test_renders_every_component(values_name: str) -> None:
     objects = render_chart(values)
     kinds = sorted(o["kind"] for o in objects)
     # With consolidation on, one more: the Deployments' pod template annotation (make before break).
-    policies = 5 + bool(((values or {}).get("controller") or {}).get("consolidation", {}).get("enabled"))
+    policies = 6 + bool(((values or {}).get("controller") or {}).get("consolidation", {}).get("enabled"))
     for kind, count in {
         "DaemonSet": 1,
         "Deployment": 1,
@@ -107,7 +107,8 @@ def test_renders_every_component(values_name: str) -> None:
         "RoleBinding": 2,
         "DeviceClass": 2,
         # The agent's ResourceSlices, the controller's pods, pods' status (preemption), evictions and
-        # claims (the agent's claim-status policy only before 1.36; Helm renders offline for 1.36).
+        # claims (the agent's claim-status policy only before 1.36; Helm renders offline for 1.36),
+        # and the delete protection of the claims the controller allocated.
         "ValidatingAdmissionPolicy": policies,
         "ValidatingAdmissionPolicyBinding": policies,
         # The scheduling gate added to pods with claims, and to pods without claims in namespaces

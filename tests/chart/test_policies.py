@@ -25,6 +25,7 @@ from driver.controller.model.objects import (
     FINALIZER,
     GATE,
     HINT_ANNOTATION,
+    PLACED_ANNOTATION,
     PROVISIONING_ANNOTATION,
     PROVISIONING_CLASS_ANNOTATION,
     PROVISIONING_OURS_ANNOTATION,
@@ -84,6 +85,7 @@ def test_which_policies_render_for_which_version() -> None:
     assert sorted(name.removeprefix(f"{RELEASE}-") for name in default) == [
         "agent-resourceslices",
         "controller-claims",
+        "controller-claims-in-use",
         "controller-evictions",
         "controller-pod-status",
         "controller-pods",
@@ -107,7 +109,7 @@ def test_every_policy_validates_strictly(rendered: dict[str, Obj], version: str)
     """Also the claim-status policy, which the default rendering (for 1.36) leaves out."""
     objects = render_chart({"admissionPolicy": {"agentClaimStatus": "policy"}})
     admission = [o for o in objects if o["kind"].startswith("ValidatingAdmissionPolicy")]
-    assert len(admission) == 2 * len(rendered) == 12
+    assert len(admission) == 2 * len(rendered) == 14
     for obj in admission:
         validate_strict(obj, version)
 
@@ -474,16 +476,15 @@ def test_the_controllers_own_writes_pass(
     hinted = record("annotate", pods, pod)
     api.annotate_pod(hinted, {HINT_ANNOTATION: None})
     record("remove hint", pods, hinted)
-    api.ungate_pod(pod)
+    api.ungate_pod(pod, annotations={PLACED_ANNOTATION: NODE, HINT_ANNOTATION: None})
     ungated = record("ungate", pods, pod)
     assert ungated["spec"]["schedulingGates"] == [{"name": "example.com/quota-check"}]
+    assert ungated["metadata"]["annotations"][PLACED_ANNOTATION] == NODE
     api.ungate_pod(pod, pin=("kubernetes.io/hostname", NODE))
     pinned = record("ungate and pin a pod without devices", pods, pod)
     assert pinned["spec"]["nodeSelector"]["kubernetes.io/hostname"] == NODE
 
-    fresh = claim()
-    api.add_finalizer(fresh)
-    guarded = record("add finalizer", claims, fresh)
+    guarded = claim()
     api.write_allocation(guarded, allocation(), reserved_for=pod_consumer(pod))
     reserved = record("allocate and reserve for the one pod", claims, guarded)
     assert reserved["status"]["reservedFor"] == [{"resource": "pods", "name": "train-0", "uid": POD_UID}]
@@ -497,8 +498,9 @@ def test_the_controllers_own_writes_pass(
     api.clear_allocation(prepared)
     cleared = record("deallocate", claims, prepared)
     assert "allocation" not in cleared.get("status", {})
-    api.remove_finalizer(cleared)
-    record("remove finalizer", claims, cleared)
+    legacy = claim(finalizers=[FINALIZER])  # an earlier version's
+    api.remove_finalizer(legacy)
+    record("remove finalizer", claims, legacy)
 
     assert {name: d for name, d in decisions.items() if not (d.applies and d.allowed)} == {}
 
@@ -1074,7 +1076,6 @@ def _clear_allocation_and_reservation(claim_obj: Obj) -> None:
 
 
 CLAIM_ALLOWED: dict[str, tuple[Callable[[], Obj], Callable[[Obj], None], str]] = {
-    "add our finalizer": (claim, lambda c: c["metadata"]["finalizers"].append(FINALIZER), ""),
     "remove our finalizer": (
         lambda: claim(finalizers=["resource.kubernetes.io/delete-protection", FINALIZER]),
         lambda c: c["metadata"]["finalizers"].remove(FINALIZER),
@@ -1109,6 +1110,12 @@ CLAIM_ALLOWED: dict[str, tuple[Callable[[], Obj], Callable[[Obj], None], str]] =
 }
 
 CLAIM_FORBIDDEN: dict[str, tuple[Callable[[], Obj], Callable[[Obj], None], str, str]] = {
+    "add our finalizer (only earlier versions did)": (
+        claim,
+        lambda c: c["metadata"]["finalizers"].append(FINALIZER),
+        "",
+        "finalizer",
+    ),
     "remove another finalizer": (
         claim,
         lambda c: c["metadata"]["finalizers"].remove("resource.kubernetes.io/delete-protection"),
@@ -1240,6 +1247,52 @@ def test_controller_claim_fields_the_server_resets_are_denied_anyway(
     assert decision.applies and decision.errors == () and any(fragment in m for m in decision.denials), (
         decision
     )
+
+
+# -- claims the controller allocated: delete protection --------------------------------------------
+
+GARBAGE_COLLECTOR = service_account_user("kube-system", "generic-garbage-collector")
+ALICE = {"username": "alice", "groups": ["system:authenticated"]}
+
+
+def _ours(*, reserved: bool, finalizers: list[str] | None = None) -> Obj:
+    """A claim the controller allocated: no kube-scheduler finalizer (and none of ours)."""
+    obj = reserved_claim() if reserved else claim(allocated=True)
+    obj["metadata"]["finalizers"] = finalizers or []
+    return obj
+
+
+def _delete(rendered: dict[str, Obj], stored: Obj, user: Obj) -> Decision:
+    policy = _policy(rendered, "-controller-claims-in-use")
+    return _decide(policy, user, old=stored, obj=None, operation="DELETE")
+
+
+@pytest.mark.parametrize("user", [ALICE, GARBAGE_COLLECTOR], ids=["a user", "the garbage collector"])
+def test_a_claim_we_allocated_is_not_deleted_while_reserved(rendered: dict[str, Obj], user: Obj) -> None:
+    """What kube-scheduler's delete-protection finalizer does for its claims, without a write per
+    pod: refused while a pod may use the devices, whoever asks."""
+    decision = _delete(rendered, _ours(reserved=True), user)
+    assert decision.applies and decision.errors == (), decision
+    assert decision.denials == (
+        "ResourceClaim train-0-gpu-x2k9q is in use (reserved for pods/train-0): delete the pods that use"
+        " it first; the claim can be deleted once they are gone",
+    )
+    two = _ours(reserved=True)
+    two["status"]["reservedFor"].append(_pod_entry("train-1", "uid-1"))
+    assert "pods/train-0 and others" in _delete(rendered, two, user).denials[0]
+
+
+def test_a_claim_unreserved_or_with_a_finalizer_is_left_to_the_server(rendered: dict[str, Obj]) -> None:
+    """Unreserved (its pods are gone), unallocated, or guarded by a finalizer (kube-scheduler's, or the
+    one earlier versions of the controller wrote): the policy does not stand in the way."""
+    assert _delete(rendered, _ours(reserved=False), GARBAGE_COLLECTOR).allowed
+    assert not _delete(rendered, claim(), ALICE).applies
+    for finalizer in ("resource.kubernetes.io/delete-protection", FINALIZER):
+        assert not _delete(rendered, _ours(reserved=True, finalizers=[finalizer]), ALICE).applies
+    updated = _ours(reserved=True)
+    assert not _decide(
+        _policy(rendered, "-controller-claims-in-use"), ALICE, old=updated, obj=updated, operation="UPDATE"
+    ).applies
 
 
 # -- agent: ResourceClaim status ------------------------------------------------------------------

@@ -204,9 +204,10 @@ def _client_methods() -> frozenset[str]:
 RAW_GET = re.compile(
     r'get_json\(\s*[\w.]+,\s*f?"/(?:api/v1|apis/([\w.]+)/\w+)/(?:namespaces/[^/"]+/)?([a-z]+)/'
 )
-# driver.kube.transport: sender.send_json("PUT", CLAIM_STATUS_PATH, ...): the template is a literal
-# or a module constant (resolved with ast); HTTP method -> RBAC verb.
-RAW_SEND = re.compile(r'send_json\(\s*"([A-Z]+)",\s*("[^"]*"|[A-Z_]+)')
+# driver.kube.transport: sender.send_json("PUT", CLAIM_STATUS_PATH, ...), or the writer's own _send
+# in front of it: the template is a literal or a module constant (resolved with ast); HTTP method ->
+# RBAC verb.
+RAW_SEND = re.compile(r'(?:send_json|\._send)\(\s*"([A-Z]+)",\s*("[^"]*"|[A-Z_]+)')
 SEND_VERBS = {"PUT": "update", "PATCH": "patch", "POST": "create", "DELETE": "delete"}
 PATH_TEMPLATE = re.compile(
     r"/(?:api/v1|apis/([\w.]+)/\w+)/(?:namespaces/\{namespace\}/)?([a-z]+)(?:/\{name\})?(/status)?"

@@ -4,11 +4,13 @@ the live ones: the claim's creator still owns its spec after our finalizer and a
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
+from driver.controller.model.objects import FIELD_MANAGER, allocated_by_us, kept_managed_fields
 from driver.controller.view.cache import ClusterCache, Kind
 from tests.controller.conftest import NAMESPACE, Cluster, RunningController, gated_pod, gpu_claim, wait_for
 
@@ -55,4 +57,11 @@ def test_writes_from_the_trimmed_cache_keep_the_servers_managed_fields(
     spec_owners = {e["manager"] for e in entries if "f:spec" in (e.get("fieldsV1") or {})}
     assert "tenant" in spec_owners, entries  # the creator's entry outlived our PUT without it
     assert any(e.get("subresource") == "status" and e["manager"] != "tenant" for e in entries), entries
-    assert any("f:finalizers" in (e.get("fieldsV1") or {}).get("f:metadata", {}) for e in entries), entries
+    ours = [e for e in entries if e["manager"] == FIELD_MANAGER]  # every write of ours names it
+    assert [e.get("subresource") for e in ours] == ["status"], entries
+    assert "f:allocation" in ours[0]["fieldsV1"]["f:status"], entries
+    cache = ClusterCache(topology_label="zone")
+    cache.apply(Kind.CLAIM, "ADDED", copy.deepcopy(claim))
+    held = cache.get(Kind.CLAIM, f"{NAMESPACE}/kept")  # kept of them: the one fact read
+    assert held is not None and held["metadata"]["managedFields"] == kept_managed_fields(claim) != []
+    assert allocated_by_us(held) and allocated_by_us(claim)

@@ -17,6 +17,7 @@ from driver.cluster.apiserver import APIServer
 from driver.config import ControllerConfig
 from driver.controller.loop.elector import LeaderElector
 from driver.controller.loop.run import run_controller
+from driver.controller.model.objects import GATE
 from driver.controller.writes.writer import ApiWriter, HaltWrites
 from driver.errors import ConfigError
 
@@ -96,12 +97,14 @@ def test_writer_behind_a_set_fence_sends_nothing(api_server: APIServer, api_clie
     api_server.reset_counts()
     try:
         with pytest.raises(HaltWrites):
-            writer.add_finalizer(stored)
-        with pytest.raises(HaltWrites):
             writer.write_allocation(stored, {"devices": {"results": []}})
+        with pytest.raises(HaltWrites):
+            writer.ungate_pod({"metadata": {"name": "p", "namespace": "default"},
+                               "spec": {"schedulingGates": [{"name": GATE}]}})  # fmt: skip
     finally:
         writer.close()
     assert api_server.request_count("update") == 0
+    assert api_server.request_count("patch") == 0
 
 
 @dataclass

@@ -17,7 +17,7 @@ from kubernetes import client
 
 from driver.allocator import allocate
 from driver.cluster.apiserver import APIServer
-from driver.controller.model.objects import allocation_node
+from driver.controller.model.objects import allocated_by_us, allocation_node
 from driver.inventory.fake import load_profile
 from driver.slices import build_device_classes, build_resource_slices
 from tests.controller.conftest import NAMESPACE, Cluster, RunningController, gated_pod, gpu_claim, wait_for
@@ -452,7 +452,7 @@ def test_a_gang_whose_allocations_kube_scheduler_cleared_is_placed_again_whole(
         claim["status"] = {}  # allocation, reservedFor and devices cleared together
         cluster.resource.replace_namespaced_resource_claim_status(name, NAMESPACE, claim)
     wait_for(lambda: all(cluster.allocated(n) for n in names), what="the gang allocated again")
-    assert all(cluster.has_finalizer(n) for n in names)
+    assert all(allocated_by_us(cluster.claim(n) or {}) for n in names)
     # Placed again ungated, in kube-scheduler's hands already: it reserves them as it binds.
     assert all("reservedFor" not in (cluster.claim(n) or {})["status"] for n in names)
 

@@ -102,8 +102,8 @@ def test_decisions_do_not_wait_for_writes_and_each_gang_keeps_its_order(slow_clu
         )
         assert decided_while_writing.is_set()
         sequence = _by_gang(records)
-        for gang, names in gangs.items():  # per gang: finalizer and allocation per claim, then the gates
-            expected = [f"{a} {n}" for n in names for a in ("add-finalizer", "allocate")]
+        for gang, names in gangs.items():  # per gang: the allocation of each claim, then the gates
+            expected = [f"allocate {n}" for n in names]
             assert sequence[gang] == expected + [f"ungate {n}" for n in names]
         # Pipelined: gangs were written side by side, not one after the other.
         order = [r.key.split("/", 1)[1].split("-", 1)[0] for r in records]
@@ -133,17 +133,12 @@ def test_a_failed_write_undoes_exactly_its_gang(slow_cluster: Cluster) -> None:
         )
         sequence = _by_gang(records)
         for gang, names in gangs.items():
-            done = [f"{a} {n}" for n in names for a in ("add-finalizer", "allocate")] + [
-                f"ungate {n}" for n in names
-            ]
+            done = [f"allocate {n}" for n in names] + [f"ungate {n}" for n in names]
             if gang != "g2":
                 assert sequence[gang] == done  # untouched by g2's failure: nothing undone, written once
                 continue
-            failed = ["add-finalizer g2-0", "allocate g2-0", "add-finalizer g2-1"]
-            undo = ["deallocate g2-0", "remove-finalizer g2-1", "remove-finalizer g2-0"]
-            assert sequence[gang][:3] == failed
-            assert sorted(sequence[gang][3:6]) == sorted(undo)  # exactly what it wrote, undone
-            assert sequence[gang][6:] == done  # then decided again and written whole
+            assert sequence[gang][:2] == ["allocate g2-0", "deallocate g2-0"]  # what it wrote, undone
+            assert sequence[gang][2:] == done  # then decided again and written whole
         assert all(cluster.allocated(n) for names in gangs.values() for n in names)
     finally:
         instance.stop()

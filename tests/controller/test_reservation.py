@@ -8,6 +8,7 @@ went away, kube-scheduler's PostFilter clearing both. The emulator over HTTP, th
 from __future__ import annotations
 
 import threading
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -15,6 +16,7 @@ import pytest
 
 from driver.controller import Controller, ReconcilerSettings, WriteRecord
 from driver.controller.gangs.plan import Reservation, reservation_of
+from driver.controller.model.objects import FINALIZER, PLACED_ANNOTATION, RESERVED_FINALIZER
 from driver.controller.view.cache import ClusterCache, Kind
 from tests.controller.conftest import (
     NAMESPACE,
@@ -65,16 +67,19 @@ def test_a_placed_claim_is_reserved_for_its_pod_in_the_write_of_its_allocation(c
         claim = cluster.claim("solo")
         assert claim is not None and claim["status"]["allocation"]
         assert claim["status"]["reservedFor"] == [_consumer(cluster, "solo")]
-        # Three writes for the pod, as before: finalizer, allocation with its reservation, gate.
-        assert [r.action for r in records] == ["add-finalizer", "allocate", "ungate"]
+        # Two writes for the pod: the allocation with its reservation, the gate (with our annotation).
+        assert [r.action for r in records] == ["allocate", "ungate"]
+        assert cluster.pod("solo")["metadata"]["annotations"][PLACED_ANNOTATION] == "node-a"
+        assert not cluster.has_finalizer("solo")
     finally:
         instance.stop()
 
 
 def test_one_status_write_per_claim_and_none_left_for_kube_scheduler(cluster: Cluster) -> None:
-    """Counted at the server: one update of ``resourceclaims/status`` per claim placed, and the
-    reservation kube-scheduler's PreBind would have written (one more status update) is already
-    there, so binding the pod changes no claim."""
+    """Counted at the server: one update of ``resourceclaims/status`` per claim placed and one patch
+    of the pod, nothing else (no finalizer, no Event); and the reservation kube-scheduler's PreBind
+    would have written (one more status update) is already there, so binding the pod changes no
+    claim."""
     cluster.add_node("node-a", "l4-2x")
     names = [f"p{i}" for i in range(3)]
     for name in names:
@@ -85,8 +90,10 @@ def test_one_status_write_per_claim_and_none_left_for_kube_scheduler(cluster: Cl
     try:
         wait_for(lambda: all(cluster.ungated(n) for n in names), what="all placed")
         assert cluster.server.request_count("update", "resourceclaims/status") == len(names)
-        assert cluster.server.request_count("update", "resourceclaims") == len(names)  # finalizers
+        assert cluster.server.request_count("update", "resourceclaims") == 0  # no finalizer
         assert cluster.server.request_count("patch", "pods") == len(names)  # gates
+        writes = ("create", "update", "patch", "delete")
+        assert sum(cluster.server.request_count(verb) for verb in writes) == 2 * len(names)
         for name in names:
             assert _reserved(cluster, name) == [_consumer(cluster, name)]
             _bind(cluster, name)
@@ -167,8 +174,8 @@ def test_a_pod_deleted_after_placement_releases_its_claim(cluster: Cluster, boun
     """Its claim is reserved for a pod that no longer exists. kube-controller-manager drops such a
     reservation (and deallocates only claims with its own finalizer, resource.kubernetes.io/
     delete-protection, which ours never carry); we release it ourselves once we saw the pod deleted:
-    allocation and reservation in one write guarded by the claim's resourceVersion, then our finalizer.
-    Whichever of the two writes second gets a 409 and looks again."""
+    allocation and reservation in one write guarded by the claim's resourceVersion. Whichever of the
+    two writes second gets a 409 and looks again."""
     cluster.add_node("node-a", "l4-2x")
     cluster.create_claim(gpu_claim("left", memory="2Gi"))
     cluster.create_pod(gated_pod("left", ["left"]))
@@ -181,7 +188,7 @@ def test_a_pod_deleted_after_placement_releases_its_claim(cluster: Cluster, boun
             wait_for(lambda: (instance.cache.get(Kind.POD, f"{NAMESPACE}/left") or {}).get("spec", {})
                      .get("nodeName"), what="the binding seen")  # fmt: skip
         cluster.core.delete_namespaced_pod("left", NAMESPACE, grace_period_seconds=0)
-        wait_for(lambda: not cluster.has_finalizer("left"), what="the claim released")
+        wait_for(lambda: not cluster.allocated("left"), what="the claim released")
         claim = cluster.claim("left")
         assert claim is not None
         status = claim.get("status") or {}
@@ -205,16 +212,56 @@ def test_a_claim_reserved_for_a_pod_gone_while_we_were_down_is_released(cluster:
     cluster.core.delete_namespaced_pod("orphan", NAMESPACE, grace_period_seconds=0)
     second = _start(cluster)
     try:
-        wait_for(lambda: not cluster.has_finalizer("orphan"), what="the claim released")
+        wait_for(lambda: not cluster.allocated("orphan"), what="the claim released")
         assert not cluster.allocated("orphan") and _reserved(cluster, "orphan") is None
     finally:
         second.stop()
 
 
-def test_a_bound_pods_claim_is_kept_while_the_pod_runs(cluster: Cluster) -> None:
-    """Deleting the claim of a bound pod leaves it allocated and reserved until the pod is gone."""
+def _legacy_share(cluster: Cluster, name: str, *, by: str) -> None:
+    """A 2Gi share on node-a/gpu-0 as an allocator other than this controller writes it: our
+    finalizer first when ``by`` is "earlier-version" (the finalizer, then the allocation, under
+    another field manager); kube-scheduler's own finalizer when "kube-scheduler"."""
+    claim = gpu_claim(name, memory="2Gi")
+    claim["metadata"]["finalizers"] = [FINALIZER if by == "earlier-version" else RESERVED_FINALIZER]
+    stored = cluster.create_claim(claim)
+    stored["status"] = {"allocation": {
+        "devices": {"results": [{
+            "request": "gpu", "driver": "fractional.dev", "pool": "node-a", "device": "gpu-0",
+            "shareID": str(uuid.uuid4()), "consumedCapacity": {"memory": "2Gi", "compute": "0"},
+        }]},
+        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+            {"key": "metadata.name", "operator": "In", "values": ["node-a"]}]}]},
+    }}  # fmt: skip
+    cluster.resource.replace_namespaced_resource_claim_status(name, NAMESPACE, stored, field_manager=by)
+
+
+def test_a_claim_an_earlier_version_allocated_is_released_and_loses_our_finalizer(cluster: Cluster) -> None:
+    """Upgrades: earlier versions wrote our finalizer before each allocation and no field manager.
+    Such a claim is still ours: reserved for nobody and used by no pod, it is released and the
+    finalizer removed. kube-scheduler's claim beside it (its finalizer, not our manager) is not."""
     cluster.add_node("node-a", "l4-2x")
-    cluster.create_claim(gpu_claim("kept", memory="2Gi"))
+    _legacy_share(cluster, "legacy", by="earlier-version")
+    _legacy_share(cluster, "theirs", by="kube-scheduler")
+    instance = _start(cluster)
+    try:
+        wait_for(lambda: not cluster.allocated("legacy") and not cluster.has_finalizer("legacy"),
+                 what="the earlier version's claim released")  # fmt: skip
+        theirs = cluster.claim("theirs")
+        assert theirs is not None and theirs["status"]["allocation"]
+        assert theirs["metadata"]["finalizers"] == [RESERVED_FINALIZER]
+    finally:
+        instance.stop()
+
+
+def test_a_bound_pods_claim_is_kept_while_the_pod_runs(cluster: Cluster) -> None:
+    """Deleting the claim of a bound pod leaves it allocated and reserved until the pod is gone. (No
+    finalizer of ours holds it: on a cluster the chart's claims-in-use policy refuses the delete;
+    here another finalizer holds it, as anyone's may, and we must not clear it meanwhile.)"""
+    cluster.add_node("node-a", "l4-2x")
+    held = gpu_claim("kept", memory="2Gi")
+    held["metadata"]["finalizers"] = ["example.com/hold"]
+    cluster.create_claim(held)
     cluster.create_pod(gated_pod("kept", ["kept"]))
     instance = _start(cluster)
     try:
@@ -231,7 +278,9 @@ def test_a_bound_pods_claim_is_kept_while_the_pod_runs(cluster: Cluster) -> None
         wait_for(lambda: cluster.ungated("marker"), what="the marker placed")
         assert cluster.allocated("kept") and _reserved(cluster, "kept") == [_consumer(cluster, "kept")]
         cluster.core.delete_namespaced_pod("kept", NAMESPACE, grace_period_seconds=0)
-        wait_for(lambda: cluster.claim("kept") is None, what="released once its pod is gone")
+        unhold = {"metadata": {"finalizers": None}}
+        cluster.resource.patch_namespaced_resource_claim("kept", NAMESPACE, unhold)
+        wait_for(lambda: cluster.claim("kept") is None, what="gone once its pod is gone and the hold lifted")
     finally:
         instance.stop()
 

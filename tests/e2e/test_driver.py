@@ -191,6 +191,33 @@ def test_a_whole_gpu_pod_gets_a_gpu_nobody_shares(namespace: str) -> None:
     assert holders == [f"{namespace}/whole"]
 
 
+def test_a_claim_in_use_is_not_deleted_until_its_pod_is_gone(namespace: str) -> None:
+    """The controller writes no finalizer on the claims it allocates (kube-scheduler's own path has
+    none to match it): the chart's claims-in-use policy keeps such a claim while it is reserved, as
+    kube-scheduler's delete-protection finalizer keeps its own, and says who uses it."""
+    apply([claim("kept", [gpu_request(memory="2Gi")]), pod("kept", {"gpu": {"resourceClaimName": "kept"}})],
+          namespace)  # fmt: skip
+    wait_for(lambda: running("kept", namespace), timeout=POD_START_SECONDS, what="pod kept running")
+    stored = get("resourceclaim", "kept", namespace)
+    assert not stored["metadata"].get("finalizers"), stored["metadata"]
+    placed = get("pod", "kept", namespace)
+    assert placed["metadata"]["annotations"]["fractional.dev/placed-on"] == placed["spec"]["nodeName"]
+    with pytest.raises(KubectlError, match=r"is in use \(reserved for pods/kept\)"):
+        kubectl("delete", "resourceclaim", "kept", "-n", namespace, "--wait=false")
+    assert allocation_of("kept", namespace) is not None
+    kubectl("delete", "pod", "kept", "-n", namespace, "--wait=true", timeout=120)
+
+    def deleted() -> bool:
+        try:
+            kubectl("delete", "resourceclaim", "kept", "-n", namespace, "--wait=true")
+        except KubectlError as error:
+            assert "is in use" in str(error), error  # its reservation not dropped yet: again
+            return False
+        return True
+
+    wait_for(deleted, timeout=60, what="the claim deleted once its pod is gone")
+
+
 def test_gpu_and_nic_under_one_pcie_root(namespace: str) -> None:
     nic_request = {"name": "nic", "exactly": {"deviceClassName": "nic.fractional.dev"}}
     pair = claim(

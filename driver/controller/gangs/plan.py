@@ -39,11 +39,13 @@ from driver.controller.model.gang_identity import (
 )
 from driver.controller.model.objects import (
     GangKey,
+    allocated_by_us,
     allocation_node,
     has_finalizer,
     is_deleting,
     is_gated,
     object_key,
+    placed_by_us,
     pod_claim_refs,
     pod_consumer,
     reserved_pods,
@@ -142,8 +144,9 @@ def _is_allocated(claim: dict[str, Any]) -> bool:
 
 
 def _is_ours(cache: ClusterCache, claim: dict[str, Any]) -> bool:
-    """Allocated by us (our finalizer) and reserved for nobody, for a gated pod or for a pod gone."""
-    if not (_is_allocated(claim) and has_finalizer(claim)):
+    """Allocated by us (``allocated_by_us``) and reserved for nobody, for a gated pod or for a pod
+    gone."""
+    if not allocated_by_us(claim):
         return False
     reservation, pod = reservation_of(cache, claim)
     if reservation is Reservation.UNBOUND:
@@ -198,15 +201,18 @@ def gang_spec(cache: ClusterCache, pods: list[dict[str, Any]]) -> GangSpec:
 
 
 def _placement_undone(cache: ClusterCache, pod: dict[str, Any]) -> bool:
-    """An ungated pod, not bound, with a claim we allocated (our finalizer) that lost its allocation
-    and is reserved for nobody: kube-scheduler's gang PostFilter cleared it (it clears the
-    reservation with the allocation: ``reservedFor`` is only allowed while allocated)."""
+    """An ungated pod, not bound, that we placed (``placed_by_us``; or with a claim carrying the
+    finalizer of an earlier version), with a claim that lost its allocation and is reserved for
+    nobody: kube-scheduler's gang PostFilter cleared it (it clears the reservation with the
+    allocation: ``reservedFor`` is only allowed while allocated)."""
     if is_gated(pod) or (pod.get("spec") or {}).get("nodeName"):
         return False
+    placed = placed_by_us(pod)
     namespace = pod["metadata"]["namespace"]
     for ref in pod_claim_refs(pod):
         claim = cache.get(Kind.CLAIM, f"{namespace}/{ref.claim_name}") if ref.claim_name else None
-        if claim is not None and has_finalizer(claim) and not (claim.get("status") or {}).get("allocation") \
+        if claim is not None and (placed or has_finalizer(claim)) \
+                and not (claim.get("status") or {}).get("allocation") \
                 and not (claim.get("status") or {}).get("reservedFor"):  # fmt: skip
             return True
     return False

@@ -45,8 +45,9 @@ from driver.controller.kueue.check import (
     reservation_problem,
 )
 from driver.controller.model.objects import (
-    FINALIZER,
     GATE,
+    PLACED_ANNOTATION,
+    allocation_node,
     is_deleting,
     object_key,
     pod_claim_refs,
@@ -420,6 +421,7 @@ class KueueAdmissionCheck:
                 return
             assignments.append((pod, free.pop(0)))
         writes: list[tuple[dict[str, Any], dict[str, Any], dict[str, str] | None]] = []
+        placed_on: dict[str, str] = {}
         for pod, index in assignments:
             planned = reservation.pods[index]
             refs = {ref.entry: ref for ref in pod_claim_refs(pod)}
@@ -431,16 +433,15 @@ class KueueAdmissionCheck:
                 if claim is None:
                     return
                 writes.append((claim, allocation, _own_claim_consumer(pod, claim)))
+                placed_on.setdefault(str(object_key(pod)), allocation_node(allocation) or "")
         try:
             for claim, allocation, consumer in writes:
                 if (claim.get("status") or {}).get("allocation"):
                     continue  # written by an earlier pass
-                claim = self._writer.add_finalizer(claim) if FINALIZER not in (
-                    claim["metadata"].get("finalizers") or ()
-                ) else claim  # fmt: skip
                 self._writer.write_allocation(claim, allocation, reserved_for=consumer)
             for pod, _ in assignments:
-                self._writer.ungate_pod(pod)
+                node = placed_on.get(str(object_key(pod)), "")
+                self._writer.ungate_pod(pod, annotations={PLACED_ANNOTATION: node})
         except ConflictError:
             self.wake.set()  # changed meanwhile: re-read and carry on next pass
             return

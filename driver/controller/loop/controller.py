@@ -44,12 +44,12 @@ from driver.controller.metrics import ControllerMetrics
 from driver.controller.model.decode import bounded
 from driver.controller.model.gang_identity import GangSource
 from driver.controller.model.objects import (
-    FINALIZER,
     GangKey,
-    has_finalizer,
     is_gated,
+    is_ours,
     is_terminated,
     object_key,
+    placed_by_us,
     pod_claim_refs,
 )
 from driver.controller.preemption.preemptor import Preemptor
@@ -361,7 +361,7 @@ class Controller:
         key = str(object_key(claim))
         if event_type != "DELETED" and parse_share_refusals(claim):
             self.queue.add(REFUSED_PREFIX + key)  # a node refused its share: replace its pods
-        ours = has_finalizer(claim) or (old is not None and has_finalizer(old))
+        ours = is_ours(claim) or (old is not None and is_ours(old))
         if ours:
             self.queue.add(CLAIM_PREFIX + key)
         was_allocated = old is not None and bool((old.get("status") or {}).get("allocation"))
@@ -369,7 +369,7 @@ class Controller:
         if was_allocated and not is_allocated:
             self._bump_capacity()
         # A new claim (one made from a template) or one that lost its allocation may complete a
-        # gang; our own finalizer and allocation writes need no second look.
+        # gang; our own allocation writes need no second look.
         if event_type == "ADDED" or (was_allocated and not is_allocated):
             for user in self.cache.claim_users(key):
                 if is_gated(user):
@@ -382,10 +382,16 @@ class Controller:
         for gang in self.cache.gated_gangs():
             self.queue.add(GANG_PREFIX + gang)
         for claim in self.cache.objects(Kind.CLAIM):
-            if FINALIZER in (claim["metadata"].get("finalizers") or ()):
+            if is_ours(claim):
                 self.queue.add(CLAIM_PREFIX + str(object_key(claim)))
             if parse_share_refusals(claim):
                 self.queue.add(REFUSED_PREFIX + str(object_key(claim)))
+        for pod in self.cache.objects(Kind.POD):  # placed by us, not bound: was its allocation cleared?
+            if placed_by_us(pod) and not is_gated(pod) and not (pod.get("spec") or {}).get("nodeName"):
+                namespace = pod["metadata"].get("namespace")
+                for ref in pod_claim_refs(pod):
+                    if ref.claim_name:
+                        self.queue.add(f"{CLAIM_PREFIX}{namespace}/{ref.claim_name}")
 
     def refresh_metrics(self) -> None:
         """Export the gauges computed from the whole view and hand the overcommitted devices found to

@@ -44,12 +44,15 @@ from driver.controller.metrics import ControllerMetrics
 from driver.controller.model.decode import bounded
 from driver.controller.model.objects import (
     HINT_ANNOTATION,
+    PLACED_ANNOTATION,
     GangKey,
     allocation_node,
     has_finalizer,
     is_deleting,
     is_gated,
+    is_ours,
     object_key,
+    placed_by_us,
     pod_claim_refs,
     reserved_pods,
 )
@@ -413,7 +416,7 @@ class Reconciler:
         writers.recorder.gang_unschedulable(plan.key, plan.gated[0], message, reason=REASON_FAILED)
 
     def _commit(self, writers: Writers, plan: GangPlan, decision: Decision) -> None:
-        """Finalizers, then allocations, then gates; a failed write undoes this gang alone."""
+        """Allocations, then gates; a failed write undoes this gang alone."""
         writer = writers.writer
         written: list[dict[str, Any]] = []  # each claim as stored after our last write to it
         lost = ""
@@ -423,10 +426,8 @@ class Reconciler:
                 if node and self._node_gone(node):  # no use writing the rest: it is undone below
                     lost = f"Node {node}"
                     break
-                with_finalizer = writer.add_finalizer(claim)
-                written.append(with_finalizer)
                 consumer = plan.consumer_of(str(object_key(claim)))
-                written[-1] = writer.write_allocation(with_finalizer, allocation, reserved_for=consumer)
+                written.append(writer.write_allocation(claim, allocation, reserved_for=consumer))
             with self.cache.lock:  # once per gang: the writers do not queue for the lock per write
                 for stored in written:  # allocated as we assumed: nothing is freed, nobody to tell
                     self.cache.apply(Kind.CLAIM, "MODIFIED", stored)
@@ -551,9 +552,9 @@ class Reconciler:
 
     def _undo(self, writer: ApiWriter, written: list[dict[str, Any]], placed: frozenset[str]) -> None:
         """Clear what this gang's job wrote: each allocation (with the reservation we wrote for one
-        of ``placed``, the UIDs of the gang's pods that are gated: nothing can bind them), then our
-        finalizer. An allocation reserved for anyone else (kube-scheduler's reservation of an
-        ungated pod) is left as it is."""
+        of ``placed``, the UIDs of the gang's pods that are gated: nothing can bind them), and our
+        finalizer where an earlier version of the controller wrote one. An allocation reserved for
+        anyone else (kube-scheduler's reservation of an ungated pod) is left as it is."""
         for stored in reversed(written):
             current = stored
             for _attempt in range(3):
@@ -588,10 +589,13 @@ class Reconciler:
         for pod in plan.gated:
             key = str(object_key(pod))
             pin = self._pin(pod, nodes.get(key))
+            annotations: dict[str, str | None] = {PLACED_ANNOTATION: nodes.get(key) or ""}
+            if (pod["metadata"].get("annotations") or {}).get(HINT_ANNOTATION):
+                annotations[HINT_ANNOTATION] = None  # placed: the scale-up hint is spent
             current = pod
             for _attempt in range(3):
                 try:
-                    stored = writer.ungate_pod(current, pin=pin)
+                    stored = writer.ungate_pod(current, pin=pin, annotations=annotations)
                     break
                 except ConflictError:
                     meta = current["metadata"]
@@ -610,8 +614,6 @@ class Reconciler:
                 latency = time.monotonic() - seen
                 self.latencies.append(latency)
                 self.metrics.ungate_seconds.observe(latency)
-            if (pod["metadata"].get("annotations") or {}).get(HINT_ANNOTATION):
-                writer.annotate_pod(stored, {HINT_ANNOTATION: None})
         writers.recorder.forget(plan.key)
         self._unfit.pop(plan.key, None)
         if self.provisioner is not None and plan.gated:
@@ -806,12 +808,12 @@ class Reconciler:
         self._release(writer, claim)
 
     def _release(self, writer: ApiWriter, claim: dict[str, Any]) -> None:
-        """Clear the allocation (its reservation and device status with it), then our finalizer;
-        each write carries the claim's resourceVersion: a 409 (the resourceclaim controller dropped
-        the reservation meanwhile, say) requeues the key, decided again from the new version. A
-        claim being deleted only loses our finalizer: the object goes, its allocation with it, and
-        the watch's DELETE frees the devices as the cleared allocation would (one request per pod
-        that leaves, not two: measured at 1,000 nodes, the clear was a third of our churn's writes)."""
+        """Clear the allocation (its reservation and device status with it), then our finalizer if an
+        earlier version of the controller wrote one; each write carries the claim's
+        resourceVersion: a 409 (the resourceclaim controller dropped the reservation meanwhile,
+        say) requeues the key, decided again from the new version. A claim being deleted keeps its
+        allocation: the object goes with it, and the watch's DELETE frees the devices as the
+        cleared allocation would (at most one request per pod that leaves)."""
         current = claim
         if (current.get("status") or {}).get("allocation"):
             if not is_deleting(current):
@@ -830,17 +832,22 @@ class Reconciler:
             self._defer(job, queue_key)
             return
         claim = self.cache.get(Kind.CLAIM, key)
-        if claim is None or not has_finalizer(claim):
+        if claim is None:
             return
+        status = claim.get("status") or {}
+        users = self.cache.claim_users(key)
+        mine = is_ours(claim)
+        if not mine and (status.get("allocation") or not any(placed_by_us(u) for u in users)):
+            return  # kube-scheduler's, or nobody's: nothing of ours to look after
         if (reason := self.cache.rejection(Kind.CLAIM, key)) is not None:
             # As read it was cut (too deep): writing it back would write the cut version. Say so once.
             self._start_job(
                 [queue_key], lambda w: w.recorder.object_rejected(Kind.CLAIM.value, claim, reason)
             )
             return
-        status = claim.get("status") or {}
-        users = self.cache.claim_users(key)
         if is_deleting(claim) or (status.get("allocation") and not users):
+            if not mine:
+                return  # unallocated and no finalizer of ours: the object goes by itself
             with self.cache.lock:
                 reservation, _pod = reservation_of(self.cache, claim)
             if reservation is Reservation.IN_USE:
@@ -857,7 +864,8 @@ class Reconciler:
             return
         if status.get("allocation"):
             return
-        running = [u for u in users if not is_gated(u)]
+        # Unallocated, with a pod we placed (or our finalizer, an earlier version's): who cleared it?
+        running = [u for u in users if not is_gated(u) and (mine or placed_by_us(u))]
         if running:  # our allocation was cleared after the pod left our hands: kube-scheduler's PostFilter
             self.metrics.vanished.inc()
             log.warning(
@@ -865,14 +873,15 @@ class Reconciler:
                 extra={"claim": key, "pod": ", ".join(sorted(str(object_key(u)) for u in running))},
             )
             # Not bound yet, in a gang: kube-scheduler's gang PostFilter undid the placement; the gang
-            # is planned again as a whole (gangs/plan.py), our finalizer kept meanwhile.
+            # is planned again as a whole (gangs/plan.py).
             gangs = {g for u in running if not (u.get("spec") or {}).get("nodeName")
                      and (g := self.cache.gang_of_pod(str(object_key(u)))) is not None}  # fmt: skip
             if gangs:
                 for gang in sorted(gangs):
                     self.requeue(GANG_PREFIX + gang)
                 return
-        self._start_job([queue_key], lambda w: self._release(w.writer, claim))  # a crash leftover's finalizer
+        if mine:  # an earlier version's finalizer on a claim it no longer holds
+            self._start_job([queue_key], lambda w: self._release(w.writer, claim))
 
 
 def _devices_of(claim: dict[str, Any]) -> set[tuple[str, str, str]]:

@@ -13,6 +13,7 @@ from typing import Any, NewType
 from kubernetes.utils import parse_quantity
 
 __all__ = [
+    "FIELD_MANAGER",
     "FINALIZER",
     "GANG_LABEL",
     "GANG_SIZE_ANNOTATION",
@@ -20,19 +21,24 @@ __all__ = [
     "HINT_ANNOTATION",
     "PROVISIONING_ANNOTATION",
     "PROVISIONING_CLASS_ANNOTATION",
+    "PLACED_ANNOTATION",
     "PROVISIONING_OURS_ANNOTATION",
     "RESERVED_FINALIZER",
     "ClaimRef",
     "GangKey",
     "ObjectKey",
     "Resources",
+    "allocated_by_us",
     "allocation_node",
     "gang_key_of",
     "gang_size_of",
     "has_finalizer",
     "is_deleting",
     "is_gated",
+    "is_ours",
+    "placed_by_us",
     "is_terminated",
+    "kept_managed_fields",
     "node_allocatable",
     "object_key",
     "pod_claim_refs",
@@ -47,6 +53,9 @@ GATE = "fractional.dev/allocation"
 GANG_LABEL = "fractional.dev/gang"
 GANG_SIZE_ANNOTATION = "fractional.dev/gang-size"
 HINT_ANNOTATION = "fractional.dev/scale-up-hint"
+# Written on a pod in the write that removes our gate (the node chosen, or "" when its claims name
+# none): the pod was placed by us, so a claim of it that lost its allocation lost ours.
+PLACED_ANNOTATION = "fractional.dev/placed-on"
 # The pod annotations cluster-autoscaler reads (its v1 types.go ProvisioningRequestPodAnnotationKey
 # and ProvisioningClassPodAnnotationKey; the cluster-autoscaler.kubernetes.io twins are deprecated),
 # and ours beside them naming the same request: a consume annotation naming another request was put
@@ -54,6 +63,8 @@ HINT_ANNOTATION = "fractional.dev/scale-up-hint"
 PROVISIONING_ANNOTATION = "autoscaling.x-k8s.io/consume-provisioning-request"
 PROVISIONING_CLASS_ANNOTATION = "autoscaling.x-k8s.io/provisioning-class-name"
 PROVISIONING_OURS_ANNOTATION = "fractional.dev/provisioning-request"
+# Our finalizer: written on claims only by earlier versions of the controller (one write per pod that
+# kube-scheduler's own path has no match for); still removed where found, so that their claims can go.
 FINALIZER = "fractional.dev/allocation"
 RESERVED_FINALIZER = "resource.kubernetes.io/delete-protection"  # Kubernetes' own; never ours to touch
 
@@ -82,6 +93,50 @@ def is_deleting(obj: dict[str, Any]) -> bool:
 
 def has_finalizer(obj: dict[str, Any], finalizer: str = FINALIZER) -> bool:
     return finalizer in ((obj.get("metadata") or {}).get("finalizers") or ())
+
+
+# The manager every controller write names (``?fieldManager=``): kube-apiserver records under it the
+# fields each write changed, so an allocation we wrote says so itself in ``metadata.managedFields``.
+FIELD_MANAGER = "fractional-dra-controller"
+_OURS_IN_STATUS = {"manager": FIELD_MANAGER, "operation": "Update", "subresource": "status",
+                   "fieldsV1": {"f:status": {"f:allocation": {}}}}  # fmt: skip
+
+
+def _manages_allocation(entry: Any) -> bool:
+    if not isinstance(entry, dict) or entry.get("manager") != FIELD_MANAGER:
+        return False
+    status = (entry.get("fieldsV1") or {}).get("f:status")
+    return isinstance(status, dict) and "f:allocation" in status
+
+
+def kept_managed_fields(obj: dict[str, Any]) -> list[dict[str, Any]]:
+    """What a held claim keeps of ``metadata.managedFields`` (the cache drops the rest): the one
+    fact ``allocated_by_us`` reads, in the server's own shape."""
+    fields = (obj.get("metadata") or {}).get("managedFields") or ()
+    return [dict(_OURS_IN_STATUS)] if any(_manages_allocation(e) for e in fields) else []
+
+
+def allocated_by_us(claim: dict[str, Any]) -> bool:
+    """An allocation this controller wrote: kube-apiserver lists ``status.allocation`` among the fields
+    of our ``FIELD_MANAGER`` (ownership stays with the manager that set a field until another
+    changes it; an allocation is immutable). A claim with our finalizer is one an earlier version
+    of the controller allocated (it wrote no field manager)."""
+    if not (claim.get("status") or {}).get("allocation"):
+        return False
+    if has_finalizer(claim):
+        return True
+    return any(_manages_allocation(e) for e in (claim.get("metadata") or {}).get("managedFields") or ())
+
+
+def is_ours(claim: dict[str, Any]) -> bool:
+    """A claim the controller must look after: allocated by us, or carrying our finalizer (an earlier
+    version's, to be removed when the claim is released or deleted)."""
+    return allocated_by_us(claim) or has_finalizer(claim)
+
+
+def placed_by_us(pod: dict[str, Any]) -> bool:
+    """The pod's gate was removed by us, with its claims allocated (``PLACED_ANNOTATION``)."""
+    return PLACED_ANNOTATION in ((pod.get("metadata") or {}).get("annotations") or {})
 
 
 def pod_consumer(pod: dict[str, Any]) -> dict[str, str]:

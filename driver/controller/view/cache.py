@@ -30,6 +30,7 @@ from driver.controller.model.objects import (
     Resources,
     is_gated,
     is_terminated,
+    kept_managed_fields,
     node_allocatable,
     object_key,
     pod_claim_refs,
@@ -85,13 +86,19 @@ def _placement_view(node: dict[str, Any]) -> tuple[Any, Any]:
     return (node.get("metadata") or {}).get("labels"), node.get("spec")
 
 
-def _trim(obj: dict[str, Any]) -> None:
+def _trim(kind: Kind, obj: dict[str, Any]) -> None:
     """Drop ``metadata.managedFields`` from an object about to be held (as kube-scheduler's and
-    kube-controller-manager's informers do): nothing here reads them, a write that leaves them out
-    keeps the live ones on the server, and they are a third of a pod's size (its fieldsV1 trees)."""
+    kube-controller-manager's informers do): nothing here reads them but whether an allocation is
+    ours (``kept_managed_fields``, one small entry on such a claim), a write leaves them out (the
+    writer strips them) and so keeps the live ones on the server, and they are a third of a pod's
+    size (its fieldsV1 trees)."""
     metadata = obj.get("metadata")
-    if isinstance(metadata, dict):
-        metadata.pop("managedFields", None)
+    if isinstance(metadata, dict) and "managedFields" in metadata:
+        kept = kept_managed_fields(obj) if kind is Kind.CLAIM else []
+        if kept:
+            metadata["managedFields"] = kept
+        else:
+            del metadata["managedFields"]
 
 
 def _uid(obj: dict[str, Any]) -> str:
@@ -180,7 +187,7 @@ class ClusterCache:
         """Apply one watch event; returns (applied, the object held before). ``rejected``: why the
         object as read cannot be trusted (cut by the bounded decoder); the worker leaves it alone."""
         key = object_key(obj)
-        _trim(obj)
+        _trim(kind, obj)
         with self.lock:
             old = self._objects[kind].get(key)
             if event_type == "DELETED":

@@ -1,11 +1,13 @@
 """Every API write the controller makes, each one guarded by the object's resourceVersion.
 
-Order for a gang (the worker drives it): our finalizer on each claim, then each claim's
-``status.allocation`` (and, for a claim that serves one pod alone, ``status.reservedFor`` naming it,
-in the same write), then the gate off each pod. A crash at any point leaves a state the next
-controller converges from: a finalizer without an allocation is dropped or reused, allocations of
-a gang whose pods are all still gated are released and redone (or, when complete, the pods are
-ungated). Removing a gate cannot be undone, so ungating is the commit point.
+Order for a gang (the worker drives it): each claim's ``status.allocation`` (and, for a claim that
+serves one pod alone, ``status.reservedFor`` naming it, in the same write), then the gate off each
+pod (with ``PLACED_ANNOTATION`` in the same write). Two writes per pod and no finalizer: with
+kube-scheduler's three (a pod status patch, the binding, its Event) that makes five requests per
+bound pod, as many as kube-scheduler's own allocation takes (docs/architecture.md). A crash at any
+point leaves a state the next controller converges from: allocations of a gang whose pods are all
+still gated are released and redone (or, when complete, the pods are ungated). Removing a gate
+cannot be undone, so ungating is the commit point.
 
 A 409 surfaces as ``ConflictError``; callers re-read and re-decide.
 """
@@ -23,7 +25,7 @@ from typing import Any
 from kubernetes import client
 
 from driver.controller.model.decode import MAX_OBJECT_DEPTH, decode_json, format_field_path
-from driver.controller.model.objects import FINALIZER, GATE, object_key
+from driver.controller.model.objects import FIELD_MANAGER, FINALIZER, GATE, object_key
 from driver.errors import FractionalError
 from driver.kube import REQUEST_TIMEOUT_SECONDS, api_errors
 from driver.kube.transport import JsonSender
@@ -37,6 +39,17 @@ MERGE_PATCH = "application/merge-patch+json"
 CLAIM_PATH = "/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}"
 CLAIM_STATUS_PATH = CLAIM_PATH + "/status"
 POD_PATH = "/api/v1/namespaces/{namespace}/pods/{name}"
+_AS_OURS = (("fieldManager", FIELD_MANAGER),)
+
+
+def _without_managed_fields(obj: dict[str, Any]) -> dict[str, Any]:
+    """A replace body without ``metadata.managedFields``: left out, the server keeps its own; sent
+    (the cache keeps one entry of them), it would take them as the object's new ones."""
+    if "managedFields" not in (obj.get("metadata") or {}):
+        return obj
+    body = dict(obj)
+    body["metadata"] = {k: v for k, v in obj["metadata"].items() if k != "managedFields"}
+    return body
 
 
 class HaltWrites(Exception):
@@ -46,7 +59,7 @@ class HaltWrites(Exception):
 
 @dataclass(frozen=True, slots=True)
 class WriteRecord:
-    action: str  # add-finalizer | remove-finalizer | allocate | deallocate | ungate | annotate
+    action: str  # remove-finalizer | allocate | deallocate | ungate | annotate
     key: str
 
 
@@ -126,28 +139,34 @@ class ApiWriter:
                 )
             )
 
+    def _send(
+        self,
+        method: str,
+        path: str,
+        meta: dict[str, Any],
+        body: dict[str, Any],
+        *,
+        what: str,
+        content_type: str = "application/json",
+    ) -> bytes:
+        """Every write names our field manager, so that the server records what we changed under
+        it (``model.objects.allocated_by_us`` reads it back)."""
+        return self._sender.send_json(
+            method, path, meta, body, what=what, content_type=content_type, query=_AS_OURS
+        )  # fmt: skip
+
     def _replace_claim(self, claim: dict[str, Any], what: str) -> dict[str, Any]:
         meta = claim["metadata"]
         what = f"{what} ResourceClaim {meta['namespace']}/{meta['name']}"
-        return _decode(self._sender.send_json("PUT", CLAIM_PATH, meta, claim, what=what))
+        return _decode(self._send("PUT", CLAIM_PATH, meta, _without_managed_fields(claim), what=what))
 
     def _replace_claim_status(self, claim: dict[str, Any], what: str) -> dict[str, Any]:
         meta = claim["metadata"]
         what = f"{what} ResourceClaim {meta['namespace']}/{meta['name']} status"
-        return _decode(self._sender.send_json("PUT", CLAIM_STATUS_PATH, meta, claim, what=what))
-
-    def add_finalizer(self, claim: dict[str, Any]) -> dict[str, Any]:
-        finalizers = list(claim["metadata"].get("finalizers") or ())
-        if FINALIZER in finalizers:
-            return claim
-        body = copy.deepcopy(claim)
-        body["metadata"]["finalizers"] = [*finalizers, FINALIZER]
-        self._check_fence()
-        stored = self._replace_claim(body, "add finalizer to")
-        self._done("add-finalizer", object_key(claim))
-        return stored
+        return _decode(self._send("PUT", CLAIM_STATUS_PATH, meta, _without_managed_fields(claim), what=what))
 
     def remove_finalizer(self, claim: dict[str, Any]) -> dict[str, Any]:
+        """Remove our finalizer, which earlier versions of the controller wrote (model.FINALIZER)."""
         finalizers = list(claim["metadata"].get("finalizers") or ())
         if FINALIZER not in finalizers:
             return claim
@@ -210,10 +229,17 @@ class ApiWriter:
                 )
             )
 
-    def ungate_pod(self, pod: dict[str, Any], *, pin: tuple[str, str] | None = None) -> dict[str, Any]:
+    def ungate_pod(
+        self,
+        pod: dict[str, Any],
+        *,
+        pin: tuple[str, str] | None = None,
+        annotations: Mapping[str, str | None] | None = None,
+    ) -> dict[str, Any]:
         """Remove our scheduling gate (others stay), guarded by the pod's resourceVersion. ``pin``: a
         nodeSelector entry (the node's hostname label) added in the same write, for a pod without
-        devices whose node we chose (a gated pod may narrow where it runs; nothing else may)."""
+        devices whose node we chose (a gated pod may narrow where it runs; nothing else may).
+        ``annotations``: ours, merged in the same write (None removes one)."""
         gates = list((pod.get("spec") or {}).get("schedulingGates") or ())
         remaining = [g for g in gates if g.get("name") != GATE]
         if len(remaining) == len(gates):
@@ -224,12 +250,13 @@ class ApiWriter:
         spec: dict[str, Any] = {"schedulingGates": remaining}
         if pin is not None:
             spec["nodeSelector"] = {pin[0]: pin[1]}
-        body = {"metadata": {"resourceVersion": meta.get("resourceVersion")}, "spec": spec}
+        metadata: dict[str, Any] = {"resourceVersion": meta.get("resourceVersion")}
+        if annotations:
+            metadata["annotations"] = dict(annotations)
+        body = {"metadata": metadata, "spec": spec}
         self._check_fence()
         what = f"remove scheduling gate from Pod {meta['namespace']}/{meta['name']}"
-        stored = _decode(
-            self._sender.send_json("PATCH", POD_PATH, meta, body, what=what, content_type=MERGE_PATCH)
-        )
+        stored = _decode(self._send("PATCH", POD_PATH, meta, body, what=what, content_type=MERGE_PATCH))
         self._done("ungate", object_key(pod))
         return stored
 
@@ -239,8 +266,6 @@ class ApiWriter:
         self._check_fence()
         what = f"annotate Pod {meta['namespace']}/{meta['name']}"
         body = {"metadata": {"annotations": annotations}}
-        stored = _decode(
-            self._sender.send_json("PATCH", POD_PATH, meta, body, what=what, content_type=MERGE_PATCH)
-        )
+        stored = _decode(self._send("PATCH", POD_PATH, meta, body, what=what, content_type=MERGE_PATCH))
         self._done("annotate", object_key(pod))
         return stored
