@@ -18,6 +18,8 @@ import pytest
 from e2e_support import AUTO_GATE_LABEL, apply, get, kubectl, pod, wait_for
 from test_driver import POD_START_SECONDS, gpu_request, running, template
 
+from driver.controller.model.objects import allocated_by_us
+
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 GATE = "fractional.dev/allocation"
@@ -48,9 +50,12 @@ def _admitted_gates(name: str, namespace: str, *, labels: dict[str, str] | None 
 
 
 def _claim_of(pod_name: str, namespace: str) -> dict[str, Any]:
+    """The pod's claim, with its managedFields (kubectl leaves them out unless asked)."""
     stored = get("pod", pod_name, namespace)
     (status,) = stored["status"]["resourceClaimStatuses"]
-    return get("resourceclaim", status["resourceClaimName"], namespace)
+    shown = ("get", "resourceclaim", status["resourceClaimName"], "-n", namespace, "-o", "json")
+    loaded: dict[str, Any] = json.loads(kubectl(*shown, "--show-managed-fields"))
+    return loaded
 
 
 def _scheduled_condition(name: str, namespace: str) -> tuple[str, str] | None:
@@ -61,7 +66,9 @@ def _scheduled_condition(name: str, namespace: str) -> tuple[str, str] | None:
 
 
 def _placed_by_our_controller(claim: dict[str, Any]) -> bool:
-    return GATE in (claim["metadata"].get("finalizers") or [])
+    """The server lists ``status.allocation`` under our controller's field manager (kube-scheduler's
+    own allocation comes with its finalizer and under its own manager)."""
+    return allocated_by_us(claim) and not claim["metadata"].get("finalizers")
 
 
 def test_a_pod_written_without_the_gate_is_placed_by_our_controller(

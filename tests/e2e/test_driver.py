@@ -195,8 +195,9 @@ def test_a_claim_in_use_is_not_deleted_until_its_pod_is_gone(namespace: str) -> 
     """The controller writes no finalizer on the claims it allocates (kube-scheduler's own path has
     none to match it): the chart's claims-in-use policy keeps such a claim while it is reserved, as
     kube-scheduler's delete-protection finalizer keeps its own, and says who uses it."""
-    apply([claim("kept", [gpu_request(memory="2Gi")]), pod("kept", {"gpu": {"resourceClaimName": "kept"}})],
-          namespace)  # fmt: skip
+    gated = pod("kept", {"gpu": {"resourceClaimName": "kept"}})
+    gated["spec"]["schedulingGates"] = [{"name": "fractional.dev/allocation"}]  # ours to place
+    apply([claim("kept", [gpu_request(memory="2Gi")]), gated], namespace)
     wait_for(lambda: running("kept", namespace), timeout=POD_START_SECONDS, what="pod kept running")
     stored = get("resourceclaim", "kept", namespace)
     assert not stored["metadata"].get("finalizers"), stored["metadata"]

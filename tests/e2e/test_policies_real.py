@@ -504,12 +504,16 @@ def _stored_claim(cluster: Cluster, name: str, stored: Obj) -> Obj:
 
 
 def _forget_claim(cluster: Cluster, name: str) -> None:
-    """The case's claim gone at once, its finalizers dropped by the admin. kube-controller-manager
-    would release a claim reserved for pods that do not exist, but not one reserved for a PodGroup
-    that never existed ("clear the allocation of a claim a PodGroup uses"): left to it, that claim
-    stayed allocated after its namespace went, and every later test waiting for an idle cluster
-    timed out."""
+    """The case's claim gone at once, its status and finalizers dropped by the admin.
+    kube-controller-manager would release a claim reserved for pods that do not exist, but not one
+    reserved for a PodGroup that never existed ("clear the allocation of a claim a PodGroup uses"):
+    left to it, that claim stayed allocated after its namespace went, and every later test waiting
+    for an idle cluster timed out. The status goes first: the chart's claims-in-use policy refuses
+    to delete a claim allocated without a finalizer while it is reserved (docs/troubleshooting.md),
+    which is how the controller's own claims are protected."""
     path = f"{cluster.claims()}/{name}"
+    cleared = {"status": {"allocation": None, "reservedFor": None, "devices": None}}
+    cluster.admin("PATCH", f"{path}/status", cleared, MERGE)
     cluster.admin("PATCH", path, {"metadata": {"finalizers": None}}, MERGE)
     cluster.admin("DELETE", path)
 
