@@ -43,6 +43,7 @@ from driver.controller.consolidation.movers import (
     Mover,
     MoverRules,
     build_movers,
+    mover_room,
 )
 from driver.controller.consolidation.movers import controller_owner as controller_of
 from driver.controller.consolidation.search import Budget, Move, MovePlan, cost_of, find_plan
@@ -72,6 +73,7 @@ from driver.controller.preemption.preemptor import (
     Preemptor,
     Reservation,
     gang_priority,
+    gang_room,
 )
 from driver.controller.preemption.victims import Budget as DisruptionBudget
 from driver.controller.preemption.victims import (
@@ -505,6 +507,7 @@ class Consolidator:
                         self.preemptor.reservations[f"{SCHEDULED}:{move.mover}"] = Reservation(
                             owner_uid=by_key[move.mover].owner_uid, node=move.node,
                             allocations=move.allocations, deadline=deadline, gang=GangKey(SCHEDULED),
+                            room=mover_room(by_key[move.mover]),
                         )  # fmt: skip
             if found is None:
                 self._refused("no_plan")
@@ -737,28 +740,28 @@ class Consolidator:
     ) -> tuple[Placement, tuple[Move, ...]] | None:  # fmt: skip
         """The gang with the movers' claims released, then each mover again. A mover in ``surge`` is
         replaced before it goes: its own devices, CPU and memory stay taken while its replacement is
-        placed."""
-        with self.preemptor.holding_all():  # room kept for others is not the gang's
+        placed. Every hold (nominations, reservations: their devices, CPU and memory) is in force
+        throughout: room kept for others is neither the gang's nor a mover's."""
+        moves: list[Move] = []
+        with ExitStack() as held:
+            held.enter_context(self.preemptor.holding_all())
             if plan.topology_key is not None:
                 decided = decide_in_domains(self.cache, plan, policy=policy)
                 chosen = list(decided.allocations) if decided.outcome == "allocated" else None
             else:
                 chosen = allocate_groups(self.cache, plan.groups, policy=policy, exclude_nodes=excluded)
-        if chosen is None:
-            return None
-        # A mover replaced before it goes runs until its replacement is ready: its node keeps its room.
-        use = self._node_room([m for m in moved if m.key not in surge], nodes)
-        by_claim = {str(object_key(c)): a for c, a in chosen}
-        pod_nodes: list[tuple[str, str | None]] = []
-        for group in plan.groups:
-            node = group_node(group, by_claim)
-            pod_nodes += [(str(object_key(p)), node) for p in group.pods]
-            if node is not None and node in nodes and not use(node, group.pods):
+            if chosen is None:
                 return None
-        moves: list[Move] = []
-        with ExitStack() as held:
+            # A mover replaced before it goes runs until its replacement is ready: its node keeps its room.
+            use = self._node_room([m for m in moved if m.key not in surge], nodes)
+            by_claim = {str(object_key(c)): a for c, a in chosen}
+            pod_nodes: list[tuple[str, str | None]] = []
+            for group in plan.groups:
+                node = group_node(group, by_claim)
+                pod_nodes += [(str(object_key(p)), node) for p in group.pods]
+                if node is not None and node in nodes and not use(node, group.pods):
+                    return None
             held.enter_context(tentative_allocations(self.cache, list(chosen)))
-            held.enter_context(self.preemptor.holding_all())
             for mover in sorted(moved, key=lambda m: (-len(m.devices), m.key)):  # the largest first
                 if mover.key in surge:
                     move = self._place_beside(mover, nodes, use, policy)
@@ -843,6 +846,7 @@ class Consolidator:
             deadline=deadline,
             source="consolidation",
             created=str(plan.gated[0]["metadata"].get("creationTimestamp") or ""),
+            room=gang_room(plan, found.placement.pod_nodes),
         )
         by_key = {m.key: m for m in found.movers}
         for move in found.moves:
@@ -850,7 +854,7 @@ class Consolidator:
             rollout = rollouts.get(move.mover)
             self.preemptor.reservations[f"{plan.key}:{move.mover}"] = Reservation(
                 owner_uid=mover.owner_uid, node=move.node, allocations=move.allocations, deadline=deadline,
-                gang=plan.key, token=rollout.token if rollout is not None else "",
+                gang=plan.key, token=rollout.token if rollout is not None else "", room=mover_room(mover),
             )  # fmt: skip
 
     def _drop(self, plan: GangPlan) -> None:

@@ -24,12 +24,14 @@ from datetime import datetime
 from typing import Any
 
 from driver.controller.model.objects import (
+    Resources,
     allocation_node,
     is_deleting,
     is_gated,
     is_terminated,
     object_key,
     pod_claim_refs,
+    pod_requests,
 )
 from driver.controller.preemption.victims import DeviceKey, pod_priority
 
@@ -70,6 +72,14 @@ class Mover:
     nodes: tuple[str, ...]
     whole: bool  # holds a device whole (not a share of it)
     spare: bool  # its owner has another running pod (the workload keeps serving meanwhile)
+
+
+def mover_room(mover: Mover) -> Resources:
+    """The CPU, memory and pod slots the mover's replacement will take: its pods' requests."""
+    total = Resources()
+    for pod in mover.pods:
+        total = total + pod_requests(pod)
+    return total
 
 
 @dataclass

@@ -20,8 +20,9 @@ plain delete so that the server enforces PodDisruptionBudgets:
    ``"<schedulerName>: preempting to accommodate a higher priority pod"``), the eviction, and the
    Event ``Preempted`` with kube-scheduler's message ``"Preempted by pod <uid> on node <node>"``.
 
-While the victims' claims are being released, the nominated devices are held against every gang
-of equal or lower priority; the preemptor is then allocated on its nominated nodes. A preemptor
+While the victims' claims are being released, the nominated devices, and the CPU, memory and pod
+slot of the preemptor's pods on their nominated nodes, are held against every gang of equal or lower
+priority; the preemptor is then allocated on its nominated nodes. A preemptor
 whose evictions were refused, or that still does not fit once its victims are gone, backs off
 (exponentially) before it may preempt again.
 """
@@ -32,7 +33,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -44,6 +45,7 @@ from driver.controller.gangs.decide import (
     Decision,
     allocate_groups,
     group_node,
+    node_fit,
     static_exclusions,
     tentative_allocations,
 )
@@ -160,6 +162,7 @@ class Nomination:
     deadline: float
     source: str = "preemption"  # or "consolidation": the victims were moved, not preempted
     created: str = ""  # the first gated pod's creationTimestamp (consolidation: its wait, once placed)
+    room: tuple[tuple[str, str, Resources], ...] = ()  # (pod "namespace/name", node, its requests)
 
     @property
     def nodes(self) -> frozenset[str]:
@@ -179,6 +182,16 @@ class Reservation:
     # Make before break: the replacement comes from a new ReplicaSet; it is known by this value of
     # its annotation fractional.dev/replaces (the Deployment's template carries it), not its owner.
     token: str = ""
+    room: Resources = field(default_factory=Resources)  # the replacement's CPU, memory, pod slot
+
+
+def gang_room(
+    plan: GangPlan, pod_nodes: Iterable[tuple[str, str | None]]
+) -> tuple[tuple[str, str, Resources], ...]:
+    """What a nomination keeps of its nodes' CPU, memory and pod slots: each gang pod's requests on
+    the node planned for it."""
+    requests = {str(object_key(p)): pod_requests(p) for g in plan.groups for p in g.pods}
+    return tuple((pod, node, requests[pod]) for pod, node in pod_nodes if node and pod in requests)
 
 
 @dataclass
@@ -225,16 +238,25 @@ class Preemptor:
     @contextmanager
     def _holding(self, gangs: frozenset[GangKey], *, lifted: str | None = None) -> Iterator[None]:
         """Count the devices nominated to ``gangs``, and every reservation but ``lifted``, as taken
-        for the duration of the block."""
+        for the duration of the block, and the CPU, memory and pod slots they keep on their nodes
+        (a pod whose node counts it already, bound or placed, is not counted twice; nor is a
+        reservation a replacement has just taken)."""
         self._expire_reservations()
         pairs = [pair for gang in sorted(gangs) if gang in self.nominations
                  for pair in self.nominations[gang].allocations]  # fmt: skip
-        pairs += [pair for rid, kept in sorted(self.reservations.items()) if rid != lifted
-                  for pair in kept.allocations]  # fmt: skip
-        if not pairs:
+        room = [(node, requests) for gang in sorted(gangs) if gang in self.nominations
+                for pod, node, requests in self.nominations[gang].room
+                if not self.cache.counts_pod(pod)]  # fmt: skip
+        taken = set(self.taken.values())
+        for rid, kept in sorted(self.reservations.items()):
+            if rid != lifted:
+                pairs += kept.allocations
+                if rid not in taken and kept.room != Resources():
+                    room.append((kept.node, kept.room))
+        if not pairs and not room:
             yield
             return
-        with tentative_allocations(self.cache, pairs):
+        with tentative_allocations(self.cache, pairs), self.cache.holding_room(room):
             yield
 
     def held_per_device(self) -> dict[DeviceKey, int]:
@@ -336,16 +358,18 @@ class Preemptor:
         lifted: str | None = None,
     ) -> Decision | None:  # fmt: skip
         """The gang allocated on ``nodes`` only, with ``held`` nominations and every reservation but
-        ``lifted`` counted as taken; None when it does not fit there."""
+        ``lifted`` counted as taken; None when it does not fit there: its devices, or its pods'
+        CPU, memory and pod slots beside what is bound, placed or held there."""
         others = {str(n["metadata"]["name"]) for n in self.cache.objects(Kind.NODE)} - nodes
         excluded = frozenset(others) | static_exclusions(self.cache, plan)
         with self._holding(held, lifted=lifted):
             chosen = allocate_groups(self.cache, plan.groups, policy=policy, exclude_nodes=excluded)
-        if chosen is None:
+            if chosen is None:
+                return None
+            pod_nodes, overflow, _ = node_fit(self.cache, plan, chosen)
+        if overflow is not None:
             return None
-        by_claim = {str(object_key(c)): a for c, a in chosen}
-        pod_nodes = tuple((pod, group_node(group, by_claim)) for group in plan.groups for pod in group.pods)
-        return Decision(outcome="allocated", allocations=tuple(chosen), pod_nodes=pod_nodes)
+        return Decision(outcome="allocated", allocations=tuple(chosen), pod_nodes=tuple(pod_nodes))
 
     def retry_due(self, gang: GangKey) -> bool:
         """The gang backed off after a preemption that did not place it (someone else, kube-scheduler
@@ -471,6 +495,7 @@ class Preemptor:
                         victim_pods=frozenset(str(object_key(p)) for p in victims),
                         victim_claims=tuple(c for u in choice.victims for c in u.claims),
                         deadline=self.clock() + self.nomination_seconds,
+                        room=gang_room(plan, choice.placement.pod_nodes),
                     )
             if choice is None:
                 log.info("no preemption helps", extra={"gang": gang, "candidates": len(units)})

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict, defaultdict
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from enum import StrEnum
 from typing import Any
 
@@ -458,6 +460,28 @@ class ClusterCache:
             self._placed[key] = (node, requests)
             self._usage[node] = self._usage[node] + requests
             self._room_changed(node)
+
+    def counts_pod(self, pod_key: str) -> bool:
+        """Whether the pod's requests are in its node's usage already (bound, or placed by us)."""
+        key = ObjectKey(pod_key)
+        with self.lock:
+            return key in self._bound or key in self._placed
+
+    @contextmanager
+    def holding_room(self, held: Sequence[tuple[str, Resources]]) -> Iterator[None]:
+        """Count each ``(node, requests)`` of ``held`` as used on its node for the block: the CPU,
+        memory and pod slot kept for a pod that a nomination or reservation has a place for, and
+        that no node counts yet. Caller holds ``lock`` for the block."""
+        with self.lock:
+            for node, requests in held:
+                self._usage[node] = self._usage[node] + requests
+                self._room_changed(node)
+            try:
+                yield
+            finally:
+                for node, requests in held:
+                    self._usage[node] = self._usage[node] - requests
+                    self._room_changed(node)
 
     # -- reads (callers that need several to agree hold ``lock``) ------------------------------------
 
