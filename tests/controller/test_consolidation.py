@@ -306,6 +306,8 @@ def test_a_deployment_that_may_not_surge_is_evicted(
     spread(cluster, owners=owners)
     create(cluster, "whole", memory=None)
     wait_for(lambda: not exists(cluster, "s1") or not exists(cluster, "s2"), what="one share evicted")
+    # The Event follows the eviction: the pod can be gone a moment before it is written.
+    wait_for(lambda: events(cluster, "Consolidated"), what="the Consolidated Event")
     assert "evicted; its owner makes the replacement" in events(cluster, "Consolidated")[0]["message"]
 
 
