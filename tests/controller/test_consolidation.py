@@ -297,6 +297,39 @@ def test_a_single_replica_deployment_that_surges_is_replaced_before_its_pod_goes
     assert gpu_of(cluster, "whole") == freed
 
 
+def test_a_budget_that_allows_nothing_does_not_stop_a_deployment_that_replaces_its_pod_first(
+    cluster: Cluster, controller: Callable[..., RunningController]
+) -> None:
+    """A PodDisruptionBudget guards evictions. Make before break evicts nothing: the Deployment keeps
+    its replica available until the new one is ready, as in a rollout, which no budget holds. So a
+    budget that allows no disruption holds back an evicted move, not a rolled-out one."""
+    controller(**SETTINGS)
+    owners = {"s1": deployment(cluster, "one"), "s2": deployment(cluster, "two")}
+    spread(cluster, owners=owners)
+    budget(cluster, "shares", "shares", min_available=2, allowed=0)
+    create(cluster, "whole", memory=None)
+    wait_for(lambda: events(cluster, "Consolidated"), what="a move begun")
+    (moved_event,) = events(cluster, "Consolidated")
+    assert "rolls out its replacement first (maxSurge 1)" in moved_event["message"]
+    moved = moved_event["involvedObject"]["name"]
+    assert exists(cluster, moved) and not cluster.pod(moved)["metadata"].get("deletionTimestamp")
+    assert not events(cluster, "ConsolidationBlocked")
+
+
+def test_a_budget_that_allows_nothing_keeps_a_pod_whose_deployment_may_not_surge(
+    cluster: Cluster, controller: Callable[..., RunningController]
+) -> None:
+    controller(**SETTINGS)
+    owners = {"s1": deployment(cluster, "one", max_surge=0, max_unavailable=1),
+              "s2": deployment(cluster, "two", max_surge=0, max_unavailable=1)}  # fmt: skip
+    spread(cluster, owners=owners)
+    budget(cluster, "shares", "shares", min_available=2, allowed=0)
+    create(cluster, "whole", memory=None)
+    wait_for(lambda: events(cluster, "ConsolidationBlocked"), what="the refusal said")
+    assert "2 protected by a PodDisruptionBudget" in events(cluster, "ConsolidationBlocked")[0]["message"]
+    assert exists(cluster, "s1") and exists(cluster, "s2") and not events(cluster, "Consolidated")
+
+
 def test_a_deployment_that_may_not_surge_is_evicted(
     cluster: Cluster, controller: Callable[..., RunningController]
 ) -> None:

@@ -193,9 +193,16 @@ def test_a_budget_that_allows_no_disruption_keeps_every_share(room: str) -> None
 def test_a_one_replica_deployment_that_surges_is_replaced_before_its_pod_goes(room: str) -> None:
     """Make before break: the controller only annotates the Deployment's pod template; the
     Deployment controller starts the new pod (placed on the room kept for it), then removes the old
-    one, so the Deployment never has less than one available replica."""
+    one, so the Deployment never has less than one available replica. A PodDisruptionBudget that
+    allows no disruption of the shares does not hold it back: nothing is evicted."""
     namespace = room
     shares = _spread(namespace, [_deployment("one", replicas=1), _deployment("two", replicas=1)])
+    budget = {"minAvailable": 2, "selector": {"matchLabels": MOVABLE}}
+    apply([{"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "shares"},
+            "spec": budget}], namespace)  # fmt: skip
+    wait_for(lambda: get("pdb", "shares", namespace).get("status", {}).get("currentHealthy") == 2, timeout=60,
+             what="the disruption controller's count")  # fmt: skip
+    assert get("pdb", "shares", namespace)["status"].get("disruptionsAllowed") == 0
     apply([_pod("big", "whole", labels={"app": "big"})], namespace)
     lowest = 1
     deadline = time.monotonic() + 360

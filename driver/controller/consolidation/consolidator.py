@@ -42,6 +42,7 @@ from driver.controller.consolidation.movers import (
     MOVABLE_LABEL,
     Mover,
     MoverRules,
+    Refusals,
     build_movers,
     mover_room,
 )
@@ -437,6 +438,11 @@ class Consolidator:
                 return False
             with self.cache.lock:
                 movers, refusals = self._movers(plan, namespaces, budgets)
+            # A pod a budget holds back may still move where its Deployment replaces it first.
+            surging = frozenset(self._rollouts(api_client, refusals.budget_held))
+            with self.cache.lock:
+                if surging:
+                    movers, refusals = self._movers(plan, namespaces, budgets, surging=surging)
                 with self.preemptor.holding_all():
                     summary = self.cache.state.free_summary()
                 whole_only = asks_whole_devices(pending)
@@ -458,7 +464,7 @@ class Consolidator:
                              "refused": refusals.describe()})  # fmt: skip
             rollouts: dict[str, Rollout] = {}
             if found is not None:
-                rollouts = self._rollouts(api_client, found)
+                rollouts = self._rollouts(api_client, found.movers)
             with self.cache.lock:
                 if found is not None and rollouts:  # placed again with the old pods kept meanwhile
                     refit = self._fit_check(
@@ -608,12 +614,12 @@ class Consolidator:
         log.info("scheduled consolidation", extra={"moved": sum(len(m.pods) for m in found.movers)})
         return True
 
-    def _rollouts(self, api_client: client.ApiClient, found: MovePlan) -> dict[str, Rollout]:
+    def _rollouts(self, api_client: client.ApiClient, movers: Iterable[Mover]) -> dict[str, Rollout]:
         """The movers with no spare replica whose Deployment surges (``surge_rollout``): their
         replacement is made before they go. A read that fails leaves the mover to eviction."""
         rollouts: dict[str, Rollout] = {}
         apps: Any = client.AppsV1Api(api_client)
-        for mover in found.movers:
+        for mover in movers:
             owner = controller_of(mover.pods[0])
             if mover.spare or len(mover.pods) != 1 or owner is None or owner.get("kind") != "ReplicaSet":
                 continue
@@ -666,10 +672,13 @@ class Consolidator:
         return frozenset(str(i["metadata"]["name"]) for i in json.loads(answer.data).get("items") or ())
 
     def _movers(
-        self, plan: GangPlan | None, namespaces: frozenset[str], budgets: list[DisruptionBudget]
-    ) -> tuple[list[Mover], Any]:
+        self, plan: GangPlan | None, namespaces: frozenset[str], budgets: list[DisruptionBudget],
+        surging: frozenset[str] = frozenset(),
+    ) -> tuple[list[Mover], Refusals]:  # fmt: skip
         """The movers for this gang (None: the scheduled pass, for no one), less those a
-        PodDisruptionBudget would not let go now. Under ``cache.lock``."""
+        PodDisruptionBudget would not let go now. A mover in ``surging`` is replaced before it goes
+        (make before break: its Deployment keeps every replica available), so it neither needs nor
+        spends a budget's allowance. Under ``cache.lock``."""
         claims = {str(object_key(c)): c for c in self.cache.objects(Kind.CLAIM)}
         classes = frozenset(
             str(c["metadata"]["name"]) for c in self.cache.objects(Kind.CLASS)
@@ -679,7 +688,7 @@ class Consolidator:
         pods = [p for p in self.cache.objects(Kind.POD) if str(object_key(p)) not in waiting]
         rooms: dict[GangKey, int] = {}
 
-        def gang_room(pod: dict[str, Any]) -> int | None:
+        def spare_in_gang(pod: dict[str, Any]) -> int | None:
             gang = self.cache.gang_key(pod)
             if gang.split("/", 1)[-1].startswith("pod:"):
                 return None
@@ -695,15 +704,19 @@ class Consolidator:
             pods, claims, waiting_priority=gang_priority(plan.gated) if plan is not None else 2**31,
             now=self.wall(),
             rules=self.settings.rules, movable_namespaces=namespaces, movable_classes=classes,
-            moved_at=self.moved_at.get, gang_room=gang_room,
+            moved_at=self.moved_at.get, gang_room=spare_in_gang,
         )  # fmt: skip
         allowed: list[Mover] = []
         taken: list[dict[str, Any]] = []
         for mover in movers:  # a budget's allowance spent as the movers are taken, cheapest first
+            if mover.key in surging:
+                allowed.append(mover)
+                continue
             violations, exceeded = count_violations([*taken, *mover.pods], budgets)
             if violations:
                 refusals.counts["budget"] = refusals.counts.get("budget", 0) + len(mover.pods)
                 refusals.budgets.update(exceeded)
+                refusals.budget_held.append(mover)
                 continue
             taken += mover.pods
             allowed.append(mover)

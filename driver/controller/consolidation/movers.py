@@ -88,6 +88,7 @@ class Refusals:
 
     counts: dict[str, int] = field(default_factory=dict)
     budgets: set[str] = field(default_factory=set)  # "namespace/name" of the budgets that held pods back
+    budget_held: list[Mover] = field(default_factory=list)  # the movers those budgets held back
 
     def describe(self) -> str:
         return ", ".join(f"{n} {r}" for r, n in sorted(self.counts.items())) or "none"
