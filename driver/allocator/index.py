@@ -1,9 +1,13 @@
 """Free-capacity index over devices of one capacity key (e.g. ``memory``), for cluster-mode node choice.
 
-Items are (node, device id) with a free amount and an "in use" flag (a shared device with live shares).
+Items are (node, device id) with a free amount, an "in use" flag (a shared device with live shares)
+and whether the device may be shared at all (``allowMultipleAllocations``).
 ``iter_at_least(amount)`` yields in-use devices first, then unused ones, each by ascending free amount:
-exactly the best-fit preference (fill shared devices, keep whole devices free). Buckets keep insertion
-order (dicts, never sets) so iteration does not depend on hash seeds.
+exactly the best-fit preference (fill shared devices, keep whole devices free). Among unused devices,
+those that may be shared come before those that may not (a share on a device that may not be shared
+takes all of it), or after them with ``unshareable_first`` (a request for whole devices leaves the
+shareable ones to shares). Buckets keep insertion order (dicts, never sets) so iteration does not
+depend on hash seeds.
 """
 
 from __future__ import annotations
@@ -21,15 +25,16 @@ Item = tuple[str, Any]
 
 class FreeIndex:
     def __init__(self) -> None:
-        self._buckets: tuple[dict[Number, dict[Item, None]], dict[Number, dict[Item, None]]] = ({}, {})
-        self._keys: tuple[list[Number], list[Number]] = ([], [])
+        # Groups: 0 in use, 1 unused and shareable, 2 unused and not shareable.
+        self._buckets: tuple[dict[Number, dict[Item, None]], ...] = ({}, {}, {})
+        self._keys: tuple[list[Number], ...] = ([], [], [])
         self._where: dict[Item, tuple[int, Number]] = {}
 
     def __len__(self) -> int:
         return len(self._where)
 
-    def put(self, item: Item, *, in_use: bool, free: Number) -> None:
-        group = 0 if in_use else 1
+    def put(self, item: Item, *, in_use: bool, free: Number, shareable: bool = True) -> None:
+        group = 0 if in_use else 1 if shareable else 2
         if self._where.get(item) == (group, free):
             return
         self.remove(item)
@@ -57,8 +62,10 @@ class FreeIndex:
             keys = self._keys[group]
             del keys[bisect_left(keys, free)]
 
-    def iter_at_least(self, amount: Number) -> Iterator[tuple[Item, bool, Number]]:
-        for group in (0, 1):
+    def iter_at_least(
+        self, amount: Number, *, unshareable_first: bool = False
+    ) -> Iterator[tuple[Item, bool, Number]]:
+        for group in (0, 2, 1) if unshareable_first else (0, 1, 2):
             keys = self._keys[group]
             buckets = self._buckets[group]
             for key in keys[bisect_left(keys, amount) :]:

@@ -453,7 +453,10 @@ class _Gang:
                 if node not in seen:
                     seen.add(node)
                     yield node, ("scored", score)
-        for (node, _), in_use, free in state.indexes[key].iter_at_least(largest):
+        # A share goes to devices that may be shared before it takes one that may not whole; a request
+        # for whole devices the other way round.
+        index = state.indexes[key]
+        for (node, _), in_use, free in index.iter_at_least(largest, unshareable_first=share is None):
             if node in seen or not self.allowed(node):
                 continue
             seen.add(node)

@@ -455,7 +455,7 @@ class ClusterData:
             index.remove(item)
         else:
             free = total
-            index.put(item, in_use=False, free=free)
+            index.put(item, in_use=False, free=free, shareable=False)
         self.node_free[node] = self.node_free.get(node, 0) - old_free + free
         self.total_free += free - old_free
 
