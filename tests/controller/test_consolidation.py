@@ -141,6 +141,43 @@ def test_the_replacement_takes_its_kept_room_before_another_pod_can(
     assert not cluster.allocated("intruder-claim")
 
 
+def test_a_new_leader_keeps_the_room_the_last_one_kept_for_a_replacement(
+    cluster: Cluster, controller: Callable[..., RunningController]
+) -> None:
+    """The holds ride on the leader's Lease: after a failover between the move and the replacement's
+    arrival, the new leader still keeps the replacement's room and the owner's cooldown."""
+    lease = {"leader_elect": True, "lease_duration_seconds": 2.0, "renew_deadline_seconds": 1.5,
+             "retry_period_seconds": 0.1}  # fmt: skip
+    settings = {**SETTINGS, "consolidation_cooldown_seconds": 600}
+    first = controller(identity="replica-a", **settings, **lease)
+    wait_for(first.started.is_set, what="replica-a leading")
+    spread(cluster)
+    create(cluster, "whole", memory=None)
+    wait_for(lambda: not exists(cluster, "s1") or not exists(cluster, "s2"), what="one share moved")
+    wait_for(lambda: placed(cluster, "whole"), what="the whole-GPU pod placed")
+    leases = client.CoordinationV1Api(cluster.api_client)
+
+    def published() -> dict[str, Any]:
+        lease_obj = json.loads(leases.read_namespaced_lease(
+            "fractional-dra-controller", NAMESPACE, _preload_content=False).data)  # fmt: skip
+        text = (lease_obj["metadata"].get("annotations") or {}).get("fractional.dev/holds")
+        return json.loads(text or "{}")
+
+    # The move's time is recorded once its eviction and Event are done, after the reservation.
+    wait_for(lambda: published().get("reservations") and published().get("movedAt"),
+             what="the reservation and the move published with the lease")  # fmt: skip
+    assert published()["movedAt"] == {OWNER["uid"]: pytest.approx(time.time(), abs=60)}
+    assert first.shutdown() == 0  # a clean stop: the lease released with the holds on it
+    second = controller(identity="replica-b", **settings, **lease)
+    wait_for(second.started.is_set, what="replica-b leading")
+    create(cluster, "intruder", memory="29Gi")  # fits only in the room kept for the replacement
+    replace(cluster, "s3")
+    wait_for(lambda: placed(cluster, "s3"), what="the replacement placed")
+    assert not cluster.allocated("intruder-claim")
+    wait_for(lambda: not published().get("reservations"), what="the taken reservation gone from the lease")
+    assert OWNER["uid"] in published()["movedAt"]  # the cooldown goes on
+
+
 def test_a_disruption_budget_that_allows_nothing_keeps_every_pod_and_says_why(
     cluster: Cluster, controller: Callable[..., RunningController]
 ) -> None:

@@ -79,6 +79,44 @@ def test_one_leader_takeover_only_after_expiry_and_release(api_client: client.Ap
     assert a.step() is True
 
 
+def test_the_leader_publishes_with_its_renewals_and_a_successor_reads_what_it_took_over(
+    api_client: client.ApiClient,
+) -> None:
+    """The controller's holds ride on the Lease: written by the holder's renewals only, kept as they
+    are through a takeover, read by the successor, and written once more on a clean release."""
+    clock_a, clock_b = FakeClock(), FakeClock()
+    a, b = _elector(api_client, "a", clock_a), _elector(api_client, "b", clock_b)
+    key = "fractional.dev/holds"
+    published: dict[str, str | None] = {key: "held by a"}
+    a.publish = lambda: published
+    assert a.step() is True  # created: nothing published yet (a created it, renewals publish)
+    assert a.annotation(key) == ""
+    assert a.step() is True
+    assert a.annotation(key) == "held by a"
+    published[key] = None  # None: left as it is
+    assert a.step() is True
+    assert a.annotation(key) == "held by a"
+    b.publish = lambda: {key: "b has nothing yet"}
+    assert b.step() is False
+    clock_b.seconds += 16
+    assert b.step() is True  # a stopped renewing: b takes over, and keeps what a published
+    assert b.annotation(key) == "held by a"
+    b.publish = lambda: {key: "held by b"}
+    assert b.step() is True
+    assert b.annotation(key) == "held by b"
+    b.publish = lambda: {key: "b's last word"}
+    b.leading.set()
+    b.release()
+    leases = client.CoordinationV1Api(api_client)
+    lease = json.loads(leases.read_namespaced_lease("lease", "default", _preload_content=False).data)
+    assert lease["metadata"]["annotations"][key] == "b's last word"
+    assert a.step() is True  # released: a takes it over at once, and reads b's last word
+    assert a.annotation(key) == "b's last word"
+    a.publish = lambda: {key: ""}  # "": removed
+    assert a.step() is True
+    assert a.annotation(key) == ""
+
+
 def test_writer_behind_a_set_fence_sends_nothing(api_server: APIServer, api_client: client.ApiClient) -> None:
     fence = threading.Event()
     writer = ApiWriter(api_client, fence=fence)

@@ -52,6 +52,15 @@ from driver.controller.model.objects import (
     placed_by_us,
     pod_claim_refs,
 )
+from driver.controller.preemption.holds import (
+    HOLDS_ANNOTATION,
+    MAX_HOLDS_BYTES,
+    HoldsError,
+    decode_holds,
+    encode_holds,
+    restore_holds,
+    take_holds,
+)
 from driver.controller.preemption.preemptor import Preemptor
 from driver.controller.preemption.refusal import RefusedShares, parse_share_refusals
 from driver.controller.sizing.overcommit import Overcommit, compute_overcommits
@@ -113,6 +122,9 @@ class _InlineWriters:
         self._api_client.close()  # type: ignore[no-untyped-call]
 
 
+HOLDS_LOCK_WAIT_SECONDS = 0.5  # a renewal waits at most this for the holds (its deadline is seconds)
+
+
 class Controller:
     def __init__(
         self,
@@ -131,10 +143,12 @@ class Controller:
         gang_sources: frozenset[GangSource] | None = None,
         guard: bool = False,
         hold_decisions: bool = False,
+        inherited_holds: str = "",
     ) -> None:
         """``guard``: also answer the allocation guard's reviews (``self.guard``; run.py serves it).
         ``hold_decisions``: decide nothing until ``allow_decisions()`` (the guard must be reachable
-        first, see run.py)."""
+        first, see run.py). ``inherited_holds``: the holds the last leader published with its Lease,
+        taken over before the first decision (``holds_snapshot`` is what this one publishes)."""
         self._configuration = configuration
         self.settings = settings
         self.identity = identity
@@ -189,6 +203,9 @@ class Controller:
         self._defragment_due = 0.0  # monotonic time the scheduled consolidation may run again
         self._overcommits_due: tuple[Overcommit, ...] | None = None  # found, not yet reported (decider)
         self.reconciler: Reconciler | None = None
+        self._inherited_holds = inherited_holds
+        self._holds_taken_over = False
+        self._holds_too_large = 0  # the size last said too large, to say it once per size
         self.halted = threading.Event()
         self.fence = threading.Event()  # set when this replica may no longer write (leadership lost)
         self._decider_stop = threading.Event()  # the stop event, or a halt
@@ -489,6 +506,59 @@ class Controller:
             spent = time.monotonic() - started
             self._decider_stop.wait(max(self._metrics_refresh_seconds, METRICS_COST_RATIO * spent))
 
+    def _take_over_holds(self) -> None:
+        """The view complete, before the first decision: the last leader's holds."""
+        reconciler, text, self._inherited_holds = self.reconciler, self._inherited_holds, ""
+        try:
+            if not text or reconciler is None or reconciler.preemptor is None:
+                return
+            preemptor, consolidator = reconciler.preemptor, reconciler.consolidator
+            try:
+                holds = decode_holds(text, wall=time.time(), monotonic=preemptor.clock())
+            except HoldsError as error:
+                log.warning("holds not taken over", extra={"error": bounded(error)})
+                return
+            with self.cache.lock:
+                moved_at = consolidator.moved_at if consolidator is not None else {}
+                nominations, reservations = restore_holds(preemptor, moved_at, holds)
+            log.info("holds taken over", extra={
+                "nominations": nominations, "reservations": reservations, "moves": len(holds.moved_at),
+            })  # fmt: skip
+        finally:
+            self._holds_taken_over = True
+
+    def holds_snapshot(self) -> dict[str, str | None]:
+        """The Lease annotation run.py publishes with each renewal: the holds as text; "" (removed)
+        when there are none or they are too large to keep; None (left as the last leader wrote it)
+        until they were taken over."""
+        reconciler = self.reconciler
+        if not self._holds_taken_over:
+            return {HOLDS_ANNOTATION: None}
+        if reconciler is None or reconciler.preemptor is None:
+            return {HOLDS_ANNOTATION: ""}
+        preemptor, consolidator = reconciler.preemptor, reconciler.consolidator
+        wall = time.time()
+        moved_at, cooldown = (
+            (consolidator.moved_at, consolidator.settings.rules.cooldown_seconds)
+            if consolidator is not None
+            else ({}, 0.0)
+        )
+        # On the elector's thread, before a renewal: never wait long behind a decision pass.
+        if not self.cache.lock.acquire(timeout=HOLDS_LOCK_WAIT_SECONDS):
+            return {HOLDS_ANNOTATION: None}  # published with a later renewal
+        try:
+            holds = take_holds(preemptor, moved_at, cooldown_seconds=cooldown, wall=wall)
+            text = encode_holds(holds, wall=wall, monotonic=preemptor.clock())
+        finally:
+            self.cache.lock.release()
+        if len(text) > MAX_HOLDS_BYTES:
+            if self._holds_too_large != len(text):
+                self._holds_too_large = len(text)
+                log.warning("holds too large to keep with the lease: a new leader starts without them",
+                            extra={"bytes": len(text), "limit": MAX_HOLDS_BYTES})  # fmt: skip
+            return {HOLDS_ANNOTATION: ""}
+        return {HOLDS_ANNOTATION: text}
+
     def _halt(self) -> None:
         """A write raised HaltWrites: stop writing everywhere, as a killed process would."""
         self.fence.set()
@@ -541,6 +611,7 @@ class Controller:
                         return
             if self.guard is not None:
                 self.guard.mark_synced()
+            self._take_over_holds()
             while not self._decisions_allowed.wait(0.1):
                 if self._decider_stop.is_set():
                     return

@@ -7,6 +7,11 @@ monotonic clock* (no trust in other machines' wall clocks); the leader renews ev
 carries the lease's resourceVersion, so two candidates never both win one round. On a clean stop
 the leader releases the lease (holder cleared, duration 1 s) so a successor starts at once.
 
+The leader may publish text in an annotation of the Lease with each renewal (``publish``: the
+controller's holds, ``driver/controller/preemption/holds.py``); a successor reads it as it takes the
+Lease over (``annotation``). Taking over never changes it: only a renewal by the new holder does, once
+its ``publish`` gives text.
+
 A replica that loses the lease does not exit (client-go's callers do): ``lost`` is set, the owner
 fences its writes and stops what it ran, then calls ``rejoin()`` and the replica is a candidate
 again. When the whole API was away (a kube-apiserver restart), nobody else could take the lease
@@ -22,7 +27,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -99,6 +104,9 @@ class LeaderElector:
         self._observed_at = 0.0
         self._last_renew: float | None = None
         self._lease: dict[str, Any] | None = None
+        # Called on each renewal: the text for each annotation it names, "" to remove one, or None
+        # for one to leave as it is. Set by the term that leads, cleared when it stands down.
+        self.publish: Callable[[], Mapping[str, str | None]] | None = None
         self.leading = threading.Event()
         self.lost = threading.Event()  # set on a loss; no round runs until the owner calls rejoin()
         self._wake = threading.Event()  # ends the wait between two rounds early (rejoin, stop)
@@ -159,6 +167,8 @@ class LeaderElector:
             return False
         body = copy.deepcopy(lease)
         body["spec"] = self._spec(spec)
+        if holder == self.identity:  # a renewal: a takeover keeps what the last holder published
+            self._published(body)
         try:
             data = self._sender.send_json("PUT", _LEASE, self._path_params, body, what=f"update {what}")
         except ConflictError:
@@ -171,6 +181,30 @@ class LeaderElector:
         self._observed_at = now
         self._last_renew = now
         return True
+
+    def _published(self, body: dict[str, Any]) -> None:
+        publish = self.publish
+        if publish is None:
+            return
+        try:
+            texts = publish()
+        except Exception:  # the renewal matters more than what rides on it
+            log.exception("nothing published with the lease", extra={"lease": self.name})
+            return
+        metadata = body.setdefault("metadata", {})
+        annotations = dict(metadata.get("annotations") or {})
+        for key, text in texts.items():
+            if text:
+                annotations[key] = text
+            elif text is not None:
+                annotations.pop(key, None)
+        metadata["annotations"] = annotations
+
+    def annotation(self, key: str) -> str:
+        """The annotation as the lease was when this replica last wrote it ("" when absent); read as
+        the lease is taken over, it is what the last holder published."""
+        lease = self._lease or {}
+        return str(((lease.get("metadata") or {}).get("annotations") or {}).get(key) or "")
 
     def renew_overdue(self) -> bool:
         """True when we led and no renewal has succeeded within the renew deadline."""
@@ -241,6 +275,7 @@ class LeaderElector:
         if lease is None or (lease.get("spec") or {}).get("holderIdentity") != self.identity:
             return
         body = copy.deepcopy(lease)
+        self._published(body)  # the last word, for the successor
         now = _micro_time(self._clock.now())
         body["spec"] = {
             "leaseDurationSeconds": 1,

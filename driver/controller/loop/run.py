@@ -43,6 +43,7 @@ from driver.controller.loop.elector import Clock, LeaderElector
 from driver.controller.loop.reconcile import ReconcilerSettings
 from driver.controller.metrics import ControllerMetrics
 from driver.controller.model.gang_identity import parse_gang_sources
+from driver.controller.preemption.holds import HOLDS_ANNOTATION
 from driver.controller.writes.writer import WriteHook
 from driver.errors import ConfigError, FractionalError
 from driver.kube import load_configuration, new_api_client
@@ -183,6 +184,7 @@ def run_controller(
             metrics.leader.set(0)
             metrics.leadership_lost.inc()
             assert elector is not None
+            elector.publish = None  # a successor may have taken over: its holds are its own
             elector.rejoin()
         return 0
     finally:
@@ -238,8 +240,11 @@ class _Term:
                 configuration=configuration, settings=settings_from_config(config), identity=config.identity,
                 metrics=self.metrics, write_hook=self.write_hook,
                 gang_sources=parse_gang_sources(config.gang_sources), guard=guarded, hold_decisions=guarded,
+                inherited_holds=elector.annotation(HOLDS_ANNOTATION) if elector is not None else "",
             )  # fmt: skip
             self.controller = controller
+            if elector is not None:  # the holds ride on each renewal, for a successor
+                elector.publish = controller.holds_snapshot
             if guarded:
                 self.guard_server = _guard_server(config, controller)
             controller.start()

@@ -241,7 +241,7 @@ class Preemptor:
         for the duration of the block, and the CPU, memory and pod slots they keep on their nodes
         (a pod whose node counts it already, bound or placed, is not counted twice; nor is a
         reservation a replacement has just taken)."""
-        self._expire_reservations()
+        self.expire_reservations()
         pairs = [pair for gang in sorted(gangs) if gang in self.nominations
                  for pair in self.nominations[gang].allocations]  # fmt: skip
         room = [(node, requests) for gang in sorted(gangs) if gang in self.nominations
@@ -262,7 +262,7 @@ class Preemptor:
     def held_per_device(self) -> dict[DeviceKey, int]:
         """Every nomination's and reservation's allocations, counted per device as ``device_holders``
         counts claims (a device held for someone is not emptied by moving the claims on it)."""
-        self._expire_reservations()
+        self.expire_reservations()
         pairs = [p for n in self.nominations.values() for p in n.allocations]
         pairs += [p for r in self.reservations.values() for p in r.allocations]
         return device_holders({**claim, "status": {"allocation": allocation}} for claim, allocation in pairs)
@@ -274,7 +274,7 @@ class Preemptor:
         with self._holding(frozenset(self.nominations)):
             yield
 
-    def _expire_reservations(self) -> None:
+    def expire_reservations(self) -> None:
         now = self.clock()
         for rid in [rid for rid, r in self.reservations.items() if now >= r.deadline]:
             gone = self.reservations.pop(rid)
