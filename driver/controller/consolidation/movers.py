@@ -76,10 +76,7 @@ class Mover:
 
 def mover_room(mover: Mover) -> Resources:
     """The CPU, memory and pod slots the mover's replacement will take: its pods' requests."""
-    total = Resources()
-    for pod in mover.pods:
-        total = total + pod_requests(pod)
-    return total
+    return sum((pod_requests(pod) for pod in mover.pods), Resources())
 
 
 @dataclass

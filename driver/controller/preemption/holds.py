@@ -159,9 +159,48 @@ def _read_pairs(value: Any, where: str) -> tuple[tuple[dict[str, Any], dict[str,
     return tuple(pairs)
 
 
+def _read_nomination(item: Any, where: str, deadline: float) -> Nomination:
+    pod_nodes = _get(item, "podNodes", dict, where)
+    if not all(isinstance(k, str) and (v is None or isinstance(v, str)) for k, v in pod_nodes.items()):
+        raise HoldsError(f"{where}.podNodes: not pod name -> node")
+    room = []
+    for j, entry in enumerate(_get(item, "room", list, where)):
+        named = isinstance(entry, list) and len(entry) == 3 and all(isinstance(e, str) for e in entry[:2])
+        if not named:
+            raise HoldsError(f"{where}.room[{j}]: not [pod, node, requests]")
+        room.append((entry[0], entry[1], _read_room(entry[2], f"{where}.room[{j}][2]")))
+    return Nomination(
+        priority=int(_get(item, "priority", int, where)),
+        pod_nodes=dict(pod_nodes),
+        allocations=_read_pairs(_get(item, "allocations", list, where), f"{where}.allocations"),
+        victim_pods=frozenset(str(p) for p in _get(item, "victimPods", list, where)),
+        victim_claims=tuple(
+            _read_claim(c, f"{where}.victimClaims[{j}]")
+            for j, c in enumerate(_get(item, "victimClaims", list, where))
+        ),
+        deadline=deadline,
+        source=str(_get(item, "source", str, where)),
+        created=str(_get(item, "created", str, where)),
+        room=tuple(room),
+    )
+
+
+def _read_reservation(item: Any, where: str, deadline: float) -> Reservation:
+    return Reservation(
+        owner_uid=_get(item, "owner", str, where),
+        node=_get(item, "node", str, where),
+        allocations=_read_pairs(_get(item, "allocations", list, where), f"{where}.allocations"),
+        deadline=deadline,
+        gang=GangKey(_get(item, "gang", str, where)),
+        token=_get(item, "token", str, where),
+        room=_read_room(_get(item, "room", list, where), f"{where}.room"),
+    )
+
+
 def decode_holds(text: str, *, wall: float, monotonic: float) -> Holds:
     """The holds in ``text`` whose deadlines have not passed by ``wall``, with deadlines on the
-    ``monotonic`` clock. Raises ``HoldsError`` naming the first field it cannot read."""
+    ``monotonic`` clock. Raises ``HoldsError`` naming the first field it cannot read (out-of-date
+    entries are read too: a bad one is refused all the same)."""
     holds = Holds()
     if not text:
         return holds
@@ -171,52 +210,17 @@ def decode_holds(text: str, *, wall: float, monotonic: float) -> Holds:
         raise HoldsError(f"not JSON: {error}") from error
     if _get(doc, "format", int, "holds") != FORMAT:
         raise HoldsError(f"holds.format: {doc['format']}, this version reads {FORMAT}")
-
-    def until(obj: Any, where: str) -> float | None:
-        left = _number(obj, "deadline", where) - wall
-        return monotonic + left if left > 0 else None
-
     for index, item in enumerate(_get(doc, "nominations", list, "holds")):
         where = f"holds.nominations[{index}]"
-        deadline = until(item, where)
-        pod_nodes = _get(item, "podNodes", dict, where)
-        if not all(isinstance(k, str) and (v is None or isinstance(v, str)) for k, v in pod_nodes.items()):
-            raise HoldsError(f"{where}.podNodes: not pod name -> node")
-        room = []
-        for j, entry in enumerate(_get(item, "room", list, where)):
-            named = isinstance(entry, list) and len(entry) == 3 and all(isinstance(e, str) for e in entry[:2])
-            if not named:
-                raise HoldsError(f"{where}.room[{j}]: not [pod, node, requests]")
-            room.append((entry[0], entry[1], _read_room(entry[2], f"{where}.room[{j}][2]")))
-        nomination = Nomination(
-            priority=int(_get(item, "priority", int, where)),
-            pod_nodes=dict(pod_nodes),
-            allocations=_read_pairs(_get(item, "allocations", list, where), f"{where}.allocations"),
-            victim_pods=frozenset(str(p) for p in _get(item, "victimPods", list, where)),
-            victim_claims=tuple(
-                _read_claim(c, f"{where}.victimClaims[{j}]")
-                for j, c in enumerate(_get(item, "victimClaims", list, where))
-            ),
-            deadline=deadline or 0.0,
-            source=str(_get(item, "source", str, where)),
-            created=str(_get(item, "created", str, where)),
-            room=tuple(room),
-        )
-        if deadline is not None:
+        left = _number(item, "deadline", where) - wall
+        nomination = _read_nomination(item, where, monotonic + left)
+        if left > 0:
             holds.nominations[GangKey(_get(item, "gang", str, where))] = nomination
     for index, item in enumerate(_get(doc, "reservations", list, "holds")):
         where = f"holds.reservations[{index}]"
-        deadline = until(item, where)
-        reservation = Reservation(
-            owner_uid=_get(item, "owner", str, where),
-            node=_get(item, "node", str, where),
-            allocations=_read_pairs(_get(item, "allocations", list, where), f"{where}.allocations"),
-            deadline=deadline or 0.0,
-            gang=GangKey(_get(item, "gang", str, where)),
-            token=_get(item, "token", str, where),
-            room=_read_room(_get(item, "room", list, where), f"{where}.room"),
-        )
-        if deadline is not None:
+        left = _number(item, "deadline", where) - wall
+        reservation = _read_reservation(item, where, monotonic + left)
+        if left > 0:
             holds.reservations[_get(item, "id", str, where)] = reservation
     for owner, moved in _get(doc, "movedAt", dict, "holds").items():
         if isinstance(moved, bool) or not isinstance(moved, (int, float)) or not math.isfinite(moved):
