@@ -482,6 +482,45 @@ def bound_from_listing(pods: list[dict[str, Any]], names: set[str], wall_offset:
     return found
 
 
+def stuck_report(pods: list[dict[str, Any]], claims: list[dict[str, Any]], names: set[str]) -> list[str]:
+    """One line per pod of ``names`` still unbound in ``pods`` (a list's items): its scheduling
+    gates, its ``PodScheduled`` condition, and each of its claims' allocation (node) and reservation.
+    Printed when a case stops on a stall, so a stall can be told apart in the log: a pod our
+    controller never ungated, one kube-scheduler holds as unschedulable (and why), one it has not
+    tried yet."""
+    by_name = {str(c["metadata"]["name"]): c for c in claims}
+    lines = []
+    for pod in sorted(pods, key=lambda p: str(p["metadata"]["name"])):
+        name = str(pod["metadata"]["name"])
+        spec, status = pod.get("spec") or {}, pod.get("status") or {}
+        if name not in names or spec.get("nodeName"):
+            continue
+        gates = ",".join(str(g.get("name")) for g in spec.get("schedulingGates") or ()) or "-"
+        scheduled = next((c for c in status.get("conditions") or () if c.get("type") == "PodScheduled"), {})
+        condition = (
+            f"{scheduled.get('status')}/{scheduled.get('reason')} "
+            f"since {scheduled.get('lastTransitionTime')}: {str(scheduled.get('message') or '')[:200]}"
+            if scheduled
+            else "no PodScheduled condition"
+        )
+        held = []
+        for entry in status.get("resourceClaimStatuses") or ():
+            claim = by_name.get(str(entry.get("resourceClaimName")))
+            if claim is None:
+                held.append(f"{entry.get('name')}: no claim")
+                continue
+            claim_status = claim.get("status") or {}
+            allocation = claim_status.get("allocation") or {}
+            terms = ((allocation.get("nodeSelector") or {}).get("nodeSelectorTerms") or [{}])[0]
+            node = next((f.get("values", ["?"])[0] for f in terms.get("matchFields") or ()), "-")
+            where = f"allocated on {node}" if allocation else "not allocated"
+            held.append(f"{claim['metadata']['name']}: {where}, reserved for "
+                        f"{len(claim_status.get('reservedFor') or ())}")  # fmt: skip
+        said = "; ".join(held) or "-"
+        lines.append(f"stuck {name}: gates {gates}; PodScheduled {condition}; claims: {said}")
+    return lines
+
+
 def audit_requests(start: int) -> Counter[str]:
     """Requests per user from ``start`` in the audit log (one per audit ID: a watch counts once)."""
     seen: dict[str, str] = {}
@@ -534,6 +573,7 @@ class Run:
     tracker: Tracker
     path: str
     setting: str
+    log_level: str = "warning"
     controller: subprocess.Popen[bytes] | None = None
     serial: Iterator[int] = field(default_factory=lambda: iter(range(10**9)))
 
@@ -560,7 +600,7 @@ class Run:
         self.controller = subprocess.Popen(
             [sys.executable, "-m", "driver", "controller", "--kubeconfig",
              str(self.cluster.state_dir / "controller.kubeconfig"), "--metrics-port", "0", "--log-level",
-             "warning", "--kube-api-qps", str(qps), "--kube-api-burst", str(burst)],
+             self.log_level, "--kube-api-qps", str(qps), "--kube-api-burst", str(burst)],
             cwd=ROOT, stdout=log, stderr=log,
         )  # fmt: skip
         deadline = started + 300
@@ -651,6 +691,32 @@ class Run:
             self.tracker.created.clear()
             self.tracker.ungated.clear()
             self.tracker.bound.clear()
+
+    def report_stuck(self, left: list[str]) -> None:
+        """Print why each of ``left`` is unbound (``stuck_report``), and its PodGroup's conditions."""
+        pods = json.loads(self.core.list_namespaced_pod(NAMESPACE, _preload_content=False).data)["items"]
+        claims = json.loads(
+            self.resource.list_namespaced_resource_claim(NAMESPACE, _preload_content=False).data
+        )["items"]
+        for line in stuck_report(pods, claims, set(left)):
+            print(line, flush=True)
+        version = pod_group_version(self.api)
+        groups = {str((p.get("spec") or {}).get("schedulingGroup", {}).get("podGroupName", ""))
+                  for p in pods if p["metadata"]["name"] in left} - {""}  # fmt: skip
+        for group in sorted(groups):
+            if not version:
+                break
+            try:
+                body = self.custom.get_namespaced_custom_object(
+                    "scheduling.k8s.io", version, NAMESPACE, "podgroups", group
+                )
+            except client.ApiException as error:
+                print(f"stuck PodGroup {group}: {error.status}", flush=True)
+                continue
+            conditions = (body.get("status") or {}).get("conditions") or []
+            said = "; ".join(f"{c.get('type')}={c.get('status')}/{c.get('reason')}: {c.get('message')}"
+                             for c in conditions)  # fmt: skip
+            print(f"stuck PodGroup {group}: {said or 'no conditions'}", flush=True)
 
     def whole_gpus_free(self) -> dict[str, int]:
         """Fleet GPUs with no allocation at all, and nodes with all 8 free."""
@@ -769,7 +835,7 @@ def case_steady(run: Run, gpus: int, count: int, interval: float) -> list[dict[s
     return rows
 
 
-def case_gangs(run: Run, gangs: int, size: int, label: str) -> dict[str, Any]:
+def case_gangs(run: Run, gangs: int, size: int, label: str, patience: float = 60.0) -> dict[str, Any]:
     version = pod_group_version(run.api)
     if not version:
         return {"gangs": label, "note": "no scheduling.k8s.io PodGroup API served"}
@@ -788,6 +854,11 @@ def case_gangs(run: Run, gangs: int, size: int, label: str) -> dict[str, Any]:
     # kube-apiserver is with the path measured, so all_bound_s counts that pace too.
     created = time.monotonic() - started
     left = run.tracker.wait(names, 3600, stall=60)
+    if left:
+        run.report_stuck(left)
+        if patience > 60:  # to see whether (and when) a stall ends
+            left = run.tracker.wait(left, patience - 60, stall=patience - 60)
+            print(f"gangs: {len(left)} still unbound after {patience:.0f} s without a bind", flush=True)
     times = run.tracker.bind_times(names)
     row = rate_row(names, run.tracker, started, run.gated)
     for key in ("pods_per_s_p10", "pods_per_s_p50", "pods_per_s_p90"):
@@ -981,9 +1052,10 @@ def run_path(
     qps, burst = SETTINGS[setting]
     config = scheduler_config(STATE_DIR, cluster.state_dir / "scheduler.kubeconfig", qps, burst,
                               packing=path == "kube-scheduler-mostallocated")  # fmt: skip
-    cluster.extra_args["kube-scheduler"] = [f"--config={config}"]
+    verbosity = [f"--v={args.scheduler_verbosity}"] if args.scheduler_verbosity else []
+    cluster.extra_args["kube-scheduler"] = [f"--config={config}", *verbosity]
     cluster.restart_scheduler(binaries())
-    run = Run(cluster, configuration, tracker, path, setting)
+    run = Run(cluster, configuration, tracker, path, setting, log_level=args.controller_log_level)
     base = {"nodes": nodes, "setting": f"{setting} ({qps} qps, burst {burst})", "path": path}
     rows: list[dict[str, Any]] = []
     startup = run.start_controller()
@@ -1021,7 +1093,8 @@ def run_path(
             for gangs, size in ((args.small_gangs, 3), (args.large_gangs, args.large_gang_size)):
                 if gangs and size:
                     cost = Cost(cluster, run)
-                    measured("gangs", case_gangs(run, gangs, size, f"{gangs} x {size}"), cost)
+                    label = f"{gangs} x {size}"
+                    measured("gangs", case_gangs(run, gangs, size, label, args.gang_patience), cost)
                     run.clean()
     finally:
         run.stop_controller()
@@ -1031,6 +1104,17 @@ def run_path(
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument(
+        "--scheduler-verbosity",
+        type=int,
+        default=0,
+        help="kube-scheduler's --v, to look into a case (it costs kube-scheduler CPU)",
+    )
+    parser.add_argument("--gang-patience", type=float, default=60.0,
+                        help="seconds without a bind before the gangs case gives up (the stuck pods are "
+                        "reported at 60 s)")  # fmt: skip
+    parser.add_argument("--controller-log-level", default="warning",
+                        help="our controller's --log-level, to look into a case")  # fmt: skip
     parser.add_argument("--settings", default=",".join(SETTINGS))
     parser.add_argument("--paths", default=",".join(PATHS))
     parser.add_argument("--cases", default=",".join(CASES))

@@ -19,6 +19,7 @@ from bench.production_scale import (
     pod_body,
     ratios,
     scheduler_config,
+    stuck_report,
     trace_pod_body,
     trace_templates,
 )
@@ -125,3 +126,37 @@ def test_binds_the_watch_missed_are_timed_by_their_pod_scheduled_condition() -> 
     offset = 1_796_000_000.0  # wall clock minus monotonic clock
     found = bound_from_listing(pods, {"g-0", "g-1"}, offset)
     assert found == {"g-0": 1796563251.0 - offset}
+
+
+def test_a_stall_names_each_unbound_pod_with_its_gates_condition_and_claims() -> None:
+    """What the gangs case prints when it stops on a stall: enough to tell a pod never ungated
+    from one kube-scheduler holds as unschedulable, and an allocated claim from a missing one."""
+    unschedulable = {
+        "type": "PodScheduled",
+        "status": "False",
+        "reason": "Unschedulable",
+        "lastTransitionTime": "2026-12-07T08:00:00Z",
+        "message": "0/1000 nodes are available",
+    }
+    pods = [
+        {"metadata": {"name": "g-0"}, "spec": {"schedulingGates": [{"name": "fractional.dev/allocation"}]},
+         "status": {"resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "g-0-gpu"}]}},
+        {"metadata": {"name": "g-1"}, "spec": {}, "status": {
+            "conditions": [unschedulable], "resourceClaimStatuses": [
+                {"name": "gpu", "resourceClaimName": "g-1-gpu"},
+                {"name": "nic", "resourceClaimName": "gone"}]}},
+        {"metadata": {"name": "g-2"}, "spec": {"nodeName": "kwok-1"}, "status": {}},  # bound: not listed
+    ]  # fmt: skip
+    selector = {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "values": ["kwok-7"]}]}]}
+    claims = [
+        {"metadata": {"name": "g-0-gpu"}, "status": {}},
+        {"metadata": {"name": "g-1-gpu"}, "status": {"allocation": {"nodeSelector": selector},
+                                                     "reservedFor": [{"name": "g-1"}]}},
+    ]  # fmt: skip
+    lines = stuck_report(pods, claims, {"g-0", "g-1", "g-2"})
+    assert lines == [
+        "stuck g-0: gates fractional.dev/allocation; PodScheduled no PodScheduled condition; "
+        "claims: g-0-gpu: not allocated, reserved for 0",
+        "stuck g-1: gates -; PodScheduled False/Unschedulable since 2026-12-07T08:00:00Z: "
+        "0/1000 nodes are available; claims: g-1-gpu: allocated on kwok-7, reserved for 1; nic: no claim",
+    ]
