@@ -197,6 +197,79 @@ def test_a_pod_deleted_after_placement_releases_its_claim(cluster: Cluster, boun
         instance.stop()
 
 
+def _placed_from_template(cluster: Cluster, name: str, memory: str = "2Gi") -> tuple[str, str]:
+    """A gated pod whose claim kube-controller-manager made from its template (owned by the pod);
+    returns the claim's name and the pod's UID."""
+    pod = cluster.create_pod(gated_pod(name, [], templates=["gpu-template"]))
+    claim_name = f"{name}-t0-abcde"
+    claim = gpu_claim(claim_name, memory=memory)
+    claim["metadata"]["ownerReferences"] = [
+        {"apiVersion": "v1", "kind": "Pod", "name": name, "uid": pod["metadata"]["uid"],
+         "controller": True, "blockOwnerDeletion": True}
+    ]  # fmt: skip
+    cluster.create_claim(claim)
+    body = cluster.pod(name)
+    body["status"] = {"resourceClaimStatuses": [{"name": "t0", "resourceClaimName": claim_name}]}
+    cluster.core.replace_namespaced_pod_status(name, NAMESPACE, body)
+    return claim_name, str(pod["metadata"]["uid"])
+
+
+def test_a_claim_made_for_a_deleted_pod_is_left_to_go_with_it(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A claim kube-controller-manager made for a pod is deleted with that pod (its garbage
+    collector), and the DELETE frees the devices. We do not clear its allocation meanwhile: that
+    write raced kube-controller-manager's own (it drops the gone pod from ``reservedFor``), and
+    each of its losses took a token of its workqueue's retry limit (on 1.37.2 at 1,000 nodes, a
+    new gang pod's claims were made about 95 s late). Here the collector is this test: no claim
+    write of ours after the pod's deletion, and the room is free once the claim is gone."""
+    monkeypatch.setattr("driver.controller.loop.reconcile.ORPHAN_GRACE_SECONDS", 300.0)
+    cluster.add_node("node-a", "l4-2x")
+    claim_name, uid = _placed_from_template(cluster, "tpl", memory="16Gi")
+    records: list[WriteRecord] = []
+    instance = _start(cluster, records.append)
+    try:
+        wait_for(lambda: cluster.ungated("tpl"), what="tpl placed")
+        assert _reserved(cluster, claim_name) == [_consumer(cluster, "tpl")]
+        cluster.server.reset_counts()
+        cluster.core.delete_namespaced_pod("tpl", NAMESPACE, grace_period_seconds=0)
+        assert instance.reconciler is not None
+        orphans = instance.reconciler._orphans
+        wait_for(lambda: f"{NAMESPACE}/{claim_name}" in orphans, what="the claim seen without its pod")
+        assert cluster.allocated(claim_name)
+        assert cluster.server.request_count("update", "resourceclaims/status") == 0
+        cluster.resource.delete_namespaced_resource_claim(claim_name, NAMESPACE)  # the collector
+        wait_for(lambda: f"{NAMESPACE}/{claim_name}" not in orphans, what="the claim's deletion seen")
+        # The room is free: 16Gi on each of the node's two GPUs (of 22Gi) for a new pod.
+        cluster.create_claim(gpu_claim("next", memory="16Gi", count=2))
+        cluster.create_pod(gated_pod("next", ["next"]))
+        wait_for(lambda: cluster.ungated("next"), what="next placed in the freed room")
+        assert cluster.server.request_count("update", "resourceclaims/status") == 1  # next's only
+        assert not any(r.key == f"{NAMESPACE}/{claim_name}" and r.action == "deallocate" for r in records)
+        assert instance.cache.seen_deleted(uid)
+    finally:
+        instance.stop()
+
+
+def test_a_claim_that_outlives_its_pod_is_released_after_the_grace(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The garbage collector behind (or off): past ``ORPHAN_GRACE_SECONDS`` we release the claim
+    ourselves, allocation and reservation in one write, as for any claim whose pod went away."""
+    monkeypatch.setattr("driver.controller.loop.reconcile.ORPHAN_GRACE_SECONDS", 0.5)
+    cluster.add_node("node-a", "l4-2x")
+    claim_name, _uid = _placed_from_template(cluster, "late")
+    instance = _start(cluster)
+    try:
+        wait_for(lambda: cluster.ungated("late"), what="late placed")
+        cluster.core.delete_namespaced_pod("late", NAMESPACE, grace_period_seconds=0)
+        wait_for(lambda: not cluster.allocated(claim_name), what="the claim released")
+        assert _reserved(cluster, claim_name) is None
+        assert instance.reconciler is not None and not instance.reconciler._orphans
+    finally:
+        instance.stop()
+
+
 def test_a_claim_reserved_for_a_pod_gone_while_we_were_down_is_released(cluster: Cluster) -> None:
     """A new process never saw the pod: it asks the API (as kube-controller-manager does before it
     drops a reservation), and the pod is not there: released."""

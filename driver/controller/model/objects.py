@@ -157,6 +157,17 @@ def reserved_pods(claim: dict[str, Any]) -> tuple[tuple[str, str], ...] | None:
     return tuple(pods)
 
 
+def generated_for(claim: dict[str, Any]) -> str | None:
+    """The UID of the pod ``claim`` was made for (kube-controller-manager's claims from a
+    template: their controlling ``ownerReferences`` entry is a core Pod); None for any other claim."""
+    for ref in (claim.get("metadata") or {}).get("ownerReferences") or ():
+        if isinstance(ref, dict) and ref.get("controller"):
+            if ref.get("kind") == "Pod" and ref.get("apiVersion") == "v1" and ref.get("uid"):
+                return str(ref["uid"])
+            return None
+    return None
+
+
 def gang_key_of(pod: dict[str, Any]) -> GangKey:
     """Pods sharing a ``fractional.dev/gang`` label in a namespace form one gang; others a gang of one."""
     meta = pod.get("metadata") or {}
