@@ -56,7 +56,9 @@ Cases, per setting and path:
   each pod one whole GPU: from the first create to all bound; kube-scheduler's paths by its own gang
   scheduling (a ``scheduling.k8s.io`` PodGroup with ``minCount`` the gang's size, pods ungated), ours
   by the same PodGroup with the pods gated. ``created_s``: from the first create to the last (one
-  client, gang after gang: its pace is part of ``all_bound_s``);
+  client, gang after gang: its pace is part of ``all_bound_s``). After 60 s without a bind the
+  case prints each pod still unbound (its gates, ``PodScheduled`` condition and claims) and its
+  PodGroup's conditions, and stops (``--gang-patience`` waits longer, to see a stall end);
 
 Cost, per case: API requests per bound pod of kube-scheduler and of our controller (audit log,
 watches counted once; kube-controller-manager's apart: it makes the claims from templates on every
