@@ -18,6 +18,7 @@ nodes sharing the topology label value, then the nodes with the most free capaci
 
 from __future__ import annotations
 
+import heapq
 import random
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -248,7 +249,8 @@ class _Gang:
         """Candidate nodes in name order (built only by the paths that scan nodes)."""
         if self._nodes is None:
             exclude = self.exclude
-            self._nodes = [n for n in self.state.node_names() if n not in exclude]
+            names = self.state.node_names()
+            self._nodes = [n for n in names if n not in exclude] if exclude else list(names)
         return self._nodes
 
     def allowed(self, node: str) -> bool:
@@ -430,11 +432,8 @@ class _Gang:
         if demand is None or state.has_global_pools:
             if not self.best_fit:
                 yield from ((n, None) for n in self.nodes)
-            elif multi:
-                yield from ((n, None) for n in self._nodes_by_free(0))
             else:
-                order = sorted(self.nodes, key=lambda n: (state.node_free.get(n, 0), n))
-                yield from ((n, None) for n in order)
+                yield from ((n, None) for n in self._nodes_by_free(0, emptiest_first=multi))
             return
         key, largest, total = demand
         if multi and self.best_fit:
@@ -497,8 +496,14 @@ class _Gang:
         scored.sort()
         return [(node, score) for score, _, _, node in scored]
 
-    def _nodes_by_free(self, at_least: Number) -> list[str]:
-        state = self.state
-        nodes = [n for n in self.nodes if state.node_free.get(n, 0) >= at_least]
-        nodes.sort(key=lambda n: (-state.node_free.get(n, 0), n))
-        return nodes
+    def _nodes_by_free(self, at_least: Number, *, emptiest_first: bool = True) -> Iterator[str]:
+        """The nodes with at least ``at_least`` free, emptiest (or fullest) first, ties by name; as
+        a heap popped while the caller goes on: a pick stops after a few nodes, and sorting every
+        node for every gang took a fifth of the controller's CPU at 5,000 nodes (py-spy, the
+        production-size bench's fill)."""
+        free = self.state.node_free
+        sign = -1 if emptiest_first else 1
+        heap = [(sign * f, n) for n in self.nodes if (f := free.get(n, 0)) >= at_least]
+        heapq.heapify(heap)
+        while heap:
+            yield heapq.heappop(heap)[1]
