@@ -523,6 +523,22 @@ def stuck_report(pods: list[dict[str, Any]], claims: list[dict[str, Any]], names
     return lines
 
 
+def unbound_summary(pods: list[dict[str, Any]], names: set[str], top: int = 10) -> list[tuple[int, str]]:
+    """The pods of ``names`` still unbound in ``pods``, counted by what holds them: still gated, or
+    kube-scheduler's ``PodScheduled`` reason and the start of its message; most first."""
+    counts: Counter[str] = Counter()
+    for pod in pods:
+        spec, status = pod.get("spec") or {}, pod.get("status") or {}
+        if pod["metadata"]["name"] not in names or spec.get("nodeName"):
+            continue
+        if spec.get("schedulingGates"):
+            counts["gated"] += 1
+            continue
+        scheduled = next((c for c in status.get("conditions") or () if c.get("type") == "PodScheduled"), {})
+        counts[f"{scheduled.get('reason') or 'not tried'}: {str(scheduled.get('message') or '')[:90]}"] += 1
+    return [(n, what) for what, n in counts.most_common(top)]
+
+
 def audit_requests(start: int) -> Counter[str]:
     """Requests per user from ``start`` in the audit log (one per audit ID: a watch counts once)."""
     seen: dict[str, str] = {}
@@ -731,6 +747,13 @@ class Run:
             said = "; ".join(f"{c.get('type')}={c.get('status')}/{c.get('reason')}: {c.get('message')}"
                              for c in conditions)  # fmt: skip
             print(f"stuck PodGroup {group}: {said or 'no conditions'}", flush=True)
+
+    def report_unbound(self, left: list[str]) -> None:
+        """Print how many of ``left`` are still gated (ours to decide) and why kube-scheduler holds
+        the others (``unbound_summary``)."""
+        pods = json.loads(self.core.list_namespaced_pod(NAMESPACE, _preload_content=False).data)["items"]
+        for count, what in unbound_summary(pods, set(left)):
+            print(f"unbound: {count} {what}", flush=True)
 
     def whole_gpus_free(self) -> dict[str, int]:
         """Fleet GPUs with no allocation at all, and nodes with all 8 free."""
@@ -959,10 +982,13 @@ def trace_pod_body(pod: Any, template: str | None, *, gated: bool) -> dict[str, 
     }
 
 
-def case_trace(run: Run, trace_dir: Path, gpus: int, nodes: list[Any], seed: int) -> dict[str, Any]:
+def case_trace(
+    run: Run, trace_dir: Path, gpus: int, nodes: list[Any], seed: int, stall: float = 30.0
+) -> dict[str, Any]:
     """The trace's pods (seed ``seed``: shuffled, copied until the arrived GPU demand is 130 % of
     the cluster) created in their order up to 100 % of the cluster's GPUs, then settled (every pod
-    bound, or 30 s without a bind: no pod departs, so one that did not fit then never will), the
+    bound, or ``stall`` seconds without a bind: no pod departs, so one that did not fit then never
+    will; the pods left are counted by what holds them), the
     share of GPU capacity allocated measured (the bound pods' GPU milli over the cluster's); then the
     rest up to 130 %, settled and measured again."""
     from bench.fgd_trace import GPU_MILLI, build_run, load_pods
@@ -997,7 +1023,9 @@ def case_trace(run: Run, trace_dir: Path, gpus: int, nodes: list[Any], seed: int
     for label, part in (("100", bodies[:cut]), ("130", bodies[cut:])):
         run.create_bodies(part)
         names = [b["metadata"]["name"] for b in part]
-        run.tracker.wait(names, 3600, stall=30)
+        left = run.tracker.wait(names, 3600, stall=stall)
+        if left:
+            run.report_unbound(left)
         with run.tracker.lock:
             allocated = sum(d for name, d in demand.items() if name in run.tracker.bound)
         row[f"allocated_pct_{label}"] = 100 * allocated / capacity
@@ -1087,7 +1115,8 @@ def run_path(
 
         if trace_nodes:  # the trace's cluster: the trace case alone
             cost = Cost(cluster, run)
-            measured("trace", case_trace(run, args.trace_dir, gpus, trace_nodes, args.seed), cost)
+            trace = case_trace(run, args.trace_dir, gpus, trace_nodes, args.seed, args.trace_stall)
+            measured("trace", trace, cost)
             run.clean()
             return rows
         if "fill" in args.cases or "churn" in args.cases:
@@ -1127,6 +1156,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--gang-patience", type=float, default=60.0,
                         help="seconds without a bind before the gangs case gives up (the stuck pods are "
                         "reported at 60 s)")  # fmt: skip
+    parser.add_argument("--trace-stall", type=float, default=30.0,
+                        help="seconds without a bind that end each part of the trace case")  # fmt: skip
     parser.add_argument("--controller-log-level", default="warning",
                         help="our controller's --log-level, to look into a case")  # fmt: skip
     parser.add_argument("--settings", default=",".join(SETTINGS))

@@ -22,6 +22,7 @@ from bench.production_scale import (
     stuck_report,
     trace_pod_body,
     trace_templates,
+    unbound_summary,
 )
 
 
@@ -159,4 +160,22 @@ def test_a_stall_names_each_unbound_pod_with_its_gates_condition_and_claims() ->
         "claims: g-0-gpu: not allocated, reserved for 0",
         "stuck g-1: gates -; PodScheduled False/Unschedulable since 2026-12-07T08:00:00Z: "
         "0/1000 nodes are available; claims: g-1-gpu: allocated on kwok-7, reserved for 1; nic: no claim",
+    ]
+
+
+def test_the_pods_a_trace_part_leaves_are_counted_by_what_holds_them() -> None:
+    refused = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+               "message": "0/1213 nodes are available: 1213 Insufficient cpu."}  # fmt: skip
+    pods = [
+        {"metadata": {"name": "a"}, "spec": {"schedulingGates": [{"name": "g"}]}, "status": {}},
+        {"metadata": {"name": "b"}, "spec": {"schedulingGates": [{"name": "g"}]}, "status": {}},
+        {"metadata": {"name": "c"}, "spec": {}, "status": {"conditions": [refused]}},
+        {"metadata": {"name": "d"}, "spec": {}, "status": {}},
+        {"metadata": {"name": "e"}, "spec": {"nodeName": "n"}, "status": {}},  # bound
+        {"metadata": {"name": "f"}, "spec": {"schedulingGates": [{"name": "g"}]}, "status": {}},  # not asked
+    ]
+    assert unbound_summary(pods, {"a", "b", "c", "d", "e"}) == [
+        (2, "gated"),
+        (1, "Unschedulable: 0/1213 nodes are available: 1213 Insufficient cpu."),
+        (1, "not tried: "),
     ]
