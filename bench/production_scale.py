@@ -983,7 +983,7 @@ def trace_pod_body(pod: Any, template: str | None, *, gated: bool) -> dict[str, 
 
 
 def case_trace(
-    run: Run, trace_dir: Path, gpus: int, nodes: list[Any], seed: int, stall: float = 30.0
+    run: Run, trace_dir: Path, gpus: int, nodes: list[Any], seed: int, stall: float = 120.0
 ) -> dict[str, Any]:
     """The trace's pods (seed ``seed``: shuffled, copied until the arrived GPU demand is 130 % of
     the cluster) created in their order up to 100 % of the cluster's GPUs, then settled (every pod
@@ -1156,7 +1156,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--gang-patience", type=float, default=60.0,
                         help="seconds without a bind before the gangs case gives up (the stuck pods are "
                         "reported at 60 s)")  # fmt: skip
-    parser.add_argument("--trace-stall", type=float, default=30.0,
+    parser.add_argument("--trace-stall", type=float, default=120.0,
                         help="seconds without a bind that end each part of the trace case")  # fmt: skip
     parser.add_argument("--controller-log-level", default="warning",
                         help="our controller's --log-level, to look into a case")  # fmt: skip
