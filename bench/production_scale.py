@@ -484,6 +484,12 @@ def bound_from_listing(pods: list[dict[str, Any]], names: set[str], wall_offset:
     return found
 
 
+def _pod_scheduled(pod: dict[str, Any]) -> dict[str, Any]:
+    """The pod's ``PodScheduled`` condition, or an empty dict."""
+    conditions = (pod.get("status") or {}).get("conditions") or ()
+    return next((c for c in conditions if c.get("type") == "PodScheduled"), {})
+
+
 def stuck_report(pods: list[dict[str, Any]], claims: list[dict[str, Any]], names: set[str]) -> list[str]:
     """One line per pod of ``names`` still unbound in ``pods`` (a list's items): its scheduling
     gates, its ``PodScheduled`` condition, and each of its claims' allocation (node) and reservation.
@@ -498,7 +504,7 @@ def stuck_report(pods: list[dict[str, Any]], claims: list[dict[str, Any]], names
         if name not in names or spec.get("nodeName"):
             continue
         gates = ",".join(str(g.get("name")) for g in spec.get("schedulingGates") or ()) or "-"
-        scheduled = next((c for c in status.get("conditions") or () if c.get("type") == "PodScheduled"), {})
+        scheduled = _pod_scheduled(pod)
         condition = (
             f"{scheduled.get('status')}/{scheduled.get('reason')} "
             f"since {scheduled.get('lastTransitionTime')}: {str(scheduled.get('message') or '')[:200]}"
@@ -528,13 +534,13 @@ def unbound_summary(pods: list[dict[str, Any]], names: set[str], top: int = 10) 
     kube-scheduler's ``PodScheduled`` reason and the start of its message; most first."""
     counts: Counter[str] = Counter()
     for pod in pods:
-        spec, status = pod.get("spec") or {}, pod.get("status") or {}
+        spec = pod.get("spec") or {}
         if pod["metadata"]["name"] not in names or spec.get("nodeName"):
             continue
         if spec.get("schedulingGates"):
             counts["gated"] += 1
             continue
-        scheduled = next((c for c in status.get("conditions") or () if c.get("type") == "PodScheduled"), {})
+        scheduled = _pod_scheduled(pod)
         counts[f"{scheduled.get('reason') or 'not tried'}: {str(scheduled.get('message') or '')[:90]}"] += 1
     return [(n, what) for what, n in counts.most_common(top)]
 
@@ -722,9 +728,15 @@ class Run:
             self.tracker.ungated.clear()
             self.tracker.bound.clear()
 
+    def _pods(self) -> list[dict[str, Any]]:
+        """The namespace's pods, as plain JSON (one read)."""
+        return list(
+            json.loads(self.core.list_namespaced_pod(NAMESPACE, _preload_content=False).data)["items"]
+        )
+
     def report_stuck(self, left: list[str]) -> None:
         """Print why each of ``left`` is unbound (``stuck_report``), and its PodGroup's conditions."""
-        pods = json.loads(self.core.list_namespaced_pod(NAMESPACE, _preload_content=False).data)["items"]
+        pods = self._pods()
         claims = json.loads(
             self.resource.list_namespaced_resource_claim(NAMESPACE, _preload_content=False).data
         )["items"]
@@ -733,9 +745,7 @@ class Run:
         version = pod_group_version(self.api)
         groups = {str((p.get("spec") or {}).get("schedulingGroup", {}).get("podGroupName", ""))
                   for p in pods if p["metadata"]["name"] in left} - {""}  # fmt: skip
-        for group in sorted(groups):
-            if not version:
-                break
+        for group in sorted(groups) if version else ():
             try:
                 body = self.custom.get_namespaced_custom_object(
                     "scheduling.k8s.io", version, NAMESPACE, "podgroups", group
@@ -751,8 +761,7 @@ class Run:
     def report_unbound(self, left: list[str]) -> None:
         """Print how many of ``left`` are still gated (ours to decide) and why kube-scheduler holds
         the others (``unbound_summary``)."""
-        pods = json.loads(self.core.list_namespaced_pod(NAMESPACE, _preload_content=False).data)["items"]
-        for count, what in unbound_summary(pods, set(left)):
+        for count, what in unbound_summary(self._pods(), set(left)):
             print(f"unbound: {count} {what}", flush=True)
 
     def whole_gpus_free(self) -> dict[str, int]:
@@ -988,9 +997,9 @@ def case_trace(
     """The trace's pods (seed ``seed``: shuffled, copied until the arrived GPU demand is 130 % of
     the cluster) created in their order up to 100 % of the cluster's GPUs, then settled (every pod
     bound, or ``stall`` seconds without a bind: no pod departs, so one that did not fit then never
-    will; the pods left are counted by what holds them), the
-    share of GPU capacity allocated measured (the bound pods' GPU milli over the cluster's); then the
-    rest up to 130 %, settled and measured again."""
+    will; the pods left are counted by what holds them), the share of GPU capacity allocated
+    measured (the bound pods' GPU milli over the cluster's); then the rest up to 130 %, settled and
+    measured again."""
     from bench.fgd_trace import GPU_MILLI, build_run, load_pods
     from bench.trace_ours import _claim_spec
 
