@@ -96,6 +96,9 @@ class _Group:
     pods: tuple[tuple[int, ...], ...]
     exclude: frozenset[str] | set[str]
     demand: dict[str, float]  # capacity key (or "" for whole devices) -> normalised demand
+    # What the search reads of the group (its claims' signatures, pod groups and excluded nodes):
+    # groups with equal keys fit or fail alike on the same ledger.
+    key: tuple[Any, ...] = ()
 
 
 def demand_of(claims: Sequence[Claim], scale: Mapping[str, float]) -> dict[str, float]:
@@ -197,14 +200,23 @@ class _Pass:
         return self.placed.pop(position)
 
     def run(self, order: Sequence[int]) -> None:
+        """Place the groups in ``order``. A group like one that did not fit earlier in this run is
+        not searched: the run only takes room (a backlog of like pods that do not fit costs one
+        search of the cluster, not one per pod)."""
+        failed: set[tuple[Any, ...]] = set()
         for position in order:
-            if not self.groups[position].claims:
+            group = self.groups[position]
+            if not group.claims:
                 self.placed[position] = []
                 self.held[position] = []
+                continue
+            if group.key in failed:
                 continue
             result = self.solve(position)
             if result is not None:
                 self.keep(position, result)
+            else:
+                failed.add(group.key)
 
     def compact(self) -> None:
         """Try to empty each device this pass opened, least loaded first: move its groups onto devices
@@ -866,14 +878,16 @@ def place_many(
     best_fit = policy != "first-fit"
     scale = state.capacity_scale()
     groups: list[_Group] = []
+    shared = frozenset(exclude_nodes) if isinstance(exclude_nodes, (set, frozenset)) else None
     for index, raw_claims in enumerate(raw_groups):
         try:
             claims = tuple(parse_claims(state, raw_claims, policy))
             pods = tuple(pod_groups_of(pod_groups[index] if pod_groups else None, len(claims), node))
         except AllocationError as error:
             raise GroupAllocationError(group=index, cause=error) from error
-        exclude = exclude_nodes if isinstance(exclude_nodes, (set, frozenset)) else exclude_nodes[index]
-        groups.append(_Group(index, claims, pods, exclude, demand_of(claims, scale)))
+        exclude = shared if shared is not None else frozenset(exclude_nodes[index])  # type: ignore[index]
+        key = (tuple(c.signature for c in claims), pods, exclude)
+        groups.append(_Group(index, claims, pods, exclude, demand_of(claims, scale), key))
     if not groups:
         return []
     best: tuple[tuple[Any, ...], dict[int, Placed]] | None = None

@@ -17,6 +17,7 @@ from driver.controller.gangs.decide import (
     Exclusions,
     assume_decision,
     decide,
+    demand_key,
     learn_plan,
     node_fit,
     room_exclusions,
@@ -47,8 +48,16 @@ def decide_all(
             for plan in plans:
                 learn_plan(cache, plan)
         results = _burst(cache, plans, policy=policy)
+    # A gang that asks what one before it in this pass could not have is not decided again: the
+    # pass only takes room, so it cannot fit either (a backlog of like pods that do not fit: one
+    # search over the cluster per pass, not one per pod).
+    unfit: dict[tuple[Any, ...], Decision] = {}
     for index, plan in enumerate(plans):
         if results[index] is not None:
+            continue
+        key = demand_key(plan)
+        if key is not None and key in unfit:
+            results[index] = unfit[key]
             continue
         with cache.lock:
             try:
@@ -61,6 +70,8 @@ def decide_all(
                 continue
             if decision.outcome == "allocated":
                 assume_decision(cache, decision)
+            elif key is not None:
+                unfit[key] = decision
         results[index] = decision
     return [r for r in results if r is not None]
 

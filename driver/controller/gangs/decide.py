@@ -6,6 +6,7 @@ the allocator asked again (bounded). Runs under ``cache.lock``; no I/O.
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ __all__ = [
     "allocate_groups",
     "assume_decision",
     "decide",
+    "demand_key",
     "group_node",
     "learn_plan",
     "node_fit",
@@ -221,6 +223,25 @@ def node_fit(
                 return pod_nodes, node, f"{node}: {requests.shortfall(free)}"
             usage[node] = usage[node] + requests
     return pod_nodes, None, ""
+
+
+def demand_key(plan: GangPlan) -> tuple[Any, ...] | None:
+    """What ``decide`` reads of a plan, its names and UIDs aside: two plans with the same key get the
+    same answer from the same cluster (their pending claims' specs, each pod's requests, where it
+    may run and how many claims it has, in the same groups). None for a plan that depends on more
+    (a claim already allocated pins its pods to a node; a topology domain counts the pods bound)."""
+    if plan.topology_key is not None or any(g.pinned_node or g.conflict for g in plan.groups):
+        return None
+    groups = []
+    for group in plan.groups:
+        specs = tuple(json.dumps(c.get("spec"), sort_keys=True) for c in group.pending_claims)
+        pods = []
+        for pod in group.pods:
+            spec = pod.get("spec") or {}
+            placement = repr((spec.get("nodeSelector"), spec.get("affinity"), spec.get("tolerations")))
+            pods.append((pod_requests(pod), placement, len(pod_claim_refs(pod))))
+        groups.append((specs, tuple(pods)))
+    return tuple(groups)
 
 
 def decide(
