@@ -159,6 +159,10 @@ class ClusterCache:
         # What depends only on the Nodes' labels and specs and on which nodes have slices (which
         # nodes a pod spec excludes): kept across decisions, emptied when one of those changes.
         self._exclusion_memo: dict[str, frozenset[str]] = {}
+        # Counts the changes of what a node could offer at all (a slice stored or removed, a Node
+        # added, removed, or changed as ``_exclusion_memo`` sees it): what is sized from the
+        # inventory (the scale-up hints) is kept while it stays the same.
+        self._inventory_version = 0
         self._placed: dict[ObjectKey, tuple[str, Resources]] = {}
         self._rejected: dict[tuple[Kind, ObjectKey], str] = {}  # objects we must not act on, and why
         # (driver, pool) -> the slices of that pool, and the claims with a result in it (as stored):
@@ -309,6 +313,7 @@ class ClusterCache:
         if kind is Kind.SLICE:
             if old is None or _slice_node(old) != _slice_node(obj):
                 self._exclusion_memo.clear()
+            self._inventory_version += 1
             self.state.upsert_slice(obj)
         elif kind is Kind.CLASS:
             self.state.upsert_class(obj)
@@ -325,6 +330,7 @@ class ClusterCache:
         elif kind is Kind.NODE:
             if old is None or _placement_view(old) != _placement_view(obj):
                 self._exclusion_memo.clear()
+                self._inventory_version += 1
             name = str(obj["metadata"]["name"])
             self.state.upsert_node(name, dict(obj["metadata"].get("labels") or {}))
             self._allocatable[name] = node_allocatable(obj)
@@ -337,6 +343,7 @@ class ClusterCache:
             self._index_pools(kind, key, None, old)
         if kind is Kind.SLICE:
             self._exclusion_memo.clear()
+            self._inventory_version += 1
             self.state.remove_slice(str(old["metadata"]["name"]))
         elif kind is Kind.CLASS:
             self.state.remove_class(str(old["metadata"]["name"]))
@@ -347,6 +354,7 @@ class ClusterCache:
             self.state.remove_claim(_uid(old))
         elif kind is Kind.NODE:
             self._exclusion_memo.clear()
+            self._inventory_version += 1
             self.state.remove_node(str(old["metadata"]["name"]))
             self._allocatable.pop(str(old["metadata"]["name"]), None)
             self._room_changed(str(old["metadata"]["name"]))
@@ -578,6 +586,11 @@ class ClusterCache:
         """A scratch dict for node sets computed from the Nodes' labels and specs and from which
         nodes have slices only; emptied whenever one of those changes (not on status updates)."""
         return self._exclusion_memo
+
+    @property
+    def inventory_version(self) -> int:
+        """Changes with any slice, and with a Node's arrival, removal, labels or spec."""
+        return self._inventory_version
 
     def allocatable(self, node: str) -> Resources | None:
         """The Node's ``status.allocatable`` as parsed when it was stored (None: no such Node)."""
