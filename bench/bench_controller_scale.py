@@ -20,7 +20,19 @@ client-side rate limit), and measured from outside:
 The emulator is not kube-apiserver (the issue "Production size" runs the real control plane on kwok
 nodes); what is measured here is our process alone, which the emulator only feeds.
 
+``--backlog N`` measures instead a backlog of gated pods that do not fit, under churn, at each size:
+every GPU holds one 70Gi / 85 % share (the fill, placed by the controller), then N whole-GPU pods
+arrive (none fits), then for ``--churn-seconds`` ``--churn-rate`` departures a second (a live share
+pod and its claim deleted, drawn at random) each followed by a new 70Gi share pod. Per row:
+``arrival_cpu_s``, the controller's CPU while the backlog arrives and is decided (until it idles);
+``churn_cores``, its CPU over the churn per second of it; ``backlog_placed`` and
+``arrivals_placed``, the whole-GPU pods and the new shares ungated by 20 s after the churn (a
+departure frees a GPU only when its pod was placed: ``freed``); ``rss_mib`` at the end.
+``--controller-tree PATH`` runs the controller from another checkout (a worktree at an earlier
+commit: the two in one run).
+
     .venv/bin/python bench/bench_controller_scale.py [--sizes 1000,5000] [--pods 1000]
+    .venv/bin/python bench/bench_controller_scale.py --backlog 1000 --sizes 500 [--controller-tree DIR]
 """
 
 from __future__ import annotations
@@ -28,6 +40,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import re
 import subprocess
 import sys
@@ -35,6 +48,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +57,9 @@ from kubernetes import client, watch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import write_result
-from bench.bench_controller import NAMESPACE, create_pods, populate, start_apiserver
+from bench.bench_controller import NAMESPACE, create_pods, pod, populate, start_apiserver
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def cpu_seconds(pid: int) -> float:
@@ -138,11 +154,181 @@ def measure(nodes: int, pods: int) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def _backlog_claim(name: str, whole: bool) -> dict[str, Any]:
+    exactly: dict[str, Any] = {"deviceClassName": "gpu.fractional.dev"}
+    if not whole:
+        exactly["capacity"] = {"requests": {"memory": "70Gi", "compute": "85"}}
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": NAMESPACE},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}}  # fmt: skip
+
+
+class _Gates:
+    """When each pod of the namespace was first seen ungated (a watch on the emulator)."""
+
+    def __init__(self, configuration: client.Configuration) -> None:
+        self.ungated: dict[str, float] = {}
+        self._api = client.ApiClient(configuration)
+        core = client.CoreV1Api(self._api)
+        listed = core.list_namespaced_pod(NAMESPACE, limit=1, _preload_content=False)
+        version = json.loads(listed.data)["metadata"]["resourceVersion"]
+        self._stream = watch.Watch()
+        self._thread = threading.Thread(target=self._run, args=(core, version), daemon=True)
+        self._thread.start()
+
+    def _run(self, core: client.CoreV1Api, version: str) -> None:
+        try:
+            for event in self._stream.stream(
+                core.list_namespaced_pod, NAMESPACE, resource_version=version, _request_timeout=7200
+            ):
+                obj = event["object"]
+                if event["type"] == "MODIFIED" and not obj.spec.scheduling_gates:
+                    self.ungated.setdefault(obj.metadata.name, time.monotonic())
+        except Exception:  # the emulator went away at the end of the run
+            return
+
+    def count(self, names: list[str]) -> int:
+        return sum(1 for n in names if n in self.ungated)
+
+    def close(self) -> None:
+        self._stream.stop()
+
+
+def _until_idle(pid: int, *, quiet: float = 0.2, every: float = 2.0, limit: float = 900.0) -> None:
+    """Wait until the process used less than ``quiet`` CPU-seconds in ``every`` seconds."""
+    deadline, last = time.monotonic() + limit, cpu_seconds(pid)
+    while time.monotonic() < deadline:
+        time.sleep(every)
+        now = cpu_seconds(pid)
+        if now - last < quiet:
+            return
+        last = now
+    raise SystemExit("the controller did not settle")
+
+
+def measure_backlog(
+    nodes: int, backlog: int, churn_seconds: float, churn_rate: float, tree: Path
+) -> dict[str, Any]:
+    rng = random.Random(1)
+    with tempfile.TemporaryDirectory(prefix="bench-backlog-") as workdir:
+        emulator, configuration = start_apiserver(Path(workdir), 0)
+        api = client.ApiClient(configuration)
+        core, resource = client.CoreV1Api(api), client.ResourceV1Api(api)
+
+        def add(name: str, whole: bool) -> None:
+            resource.create_namespaced_resource_claim(
+                NAMESPACE, _backlog_claim(name, whole), _preload_content=False
+            )
+            body = pod(name)
+            core.create_namespaced_pod(NAMESPACE, body, _preload_content=False)
+
+        def remove(name: str) -> None:
+            core.delete_namespaced_pod(name, NAMESPACE, grace_period_seconds=0, _preload_content=False)
+            resource.delete_namespaced_resource_claim(name, NAMESPACE, _preload_content=False)
+
+        controller: subprocess.Popen[bytes] | None = None
+        gates: _Gates | None = None
+        try:
+            populate(configuration, nodes)
+            fill = [f"f-{i:05d}" for i in range(nodes * 8)]
+            with ThreadPoolExecutor(4) as pool:
+                list(pool.map(lambda n: add(n, False), fill))
+            gates = _Gates(configuration)
+            controller = subprocess.Popen(
+                [sys.executable, "-m", "driver", "controller", "--kubeconfig", f"{workdir}/kubeconfig",
+                 "--policy", "best-fit", "--metrics-port", "0", "--kube-api-qps", "0"],
+                cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)},
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )  # fmt: skip
+            deadline = time.monotonic() + 900
+            while gates.count(fill) < len(fill):
+                if time.monotonic() > deadline or controller.poll() is not None:
+                    raise SystemExit("the fill was not placed")
+                time.sleep(0.2)
+            waiting = [f"w-{i:05d}" for i in range(backlog)]
+            before = cpu_seconds(controller.pid)
+            with ThreadPoolExecutor(4) as pool:
+                list(pool.map(lambda n: add(n, True), waiting))
+            _until_idle(controller.pid)
+            arrival_cpu = cpu_seconds(controller.pid) - before
+            live, arrivals, freed = list(fill), [], 0
+            ours, theirs = cpu_seconds(controller.pid), cpu_seconds(emulator.pid)
+            started = time.monotonic()
+            while (elapsed := time.monotonic() - started) < churn_seconds:
+                if (pause := len(arrivals) / churn_rate - elapsed) > 0:
+                    time.sleep(pause)
+                gone = live.pop(rng.randrange(len(live)))
+                freed += gone in gates.ungated
+                remove(gone)
+                name = f"a-{len(arrivals):05d}"
+                add(name, False)
+                arrivals.append(name)
+                live.append(name)
+            churn = time.monotonic() - started
+            ours, theirs = cpu_seconds(controller.pid) - ours, cpu_seconds(emulator.pid) - theirs
+            time.sleep(20)
+            return {
+                "nodes": nodes, "gpus": nodes * 8, "backlog": backlog, "controller_commit": _commit_of(tree),
+                "arrival_cpu_s": round(arrival_cpu, 1),
+                "churn_departures": len(arrivals), "churn_s": round(churn, 1),
+                "churn_cores": round(ours / churn, 2),
+                "apiserver_churn_cores": round(theirs / churn, 2),
+                "freed": freed,
+                "backlog_placed": gates.count(waiting), "arrivals_placed": gates.count(arrivals),
+                "rss_mib": round(peak_rss_mib(controller.pid)),
+            }  # fmt: skip
+        finally:
+            if gates is not None:
+                gates.close()
+            if controller is not None:
+                controller.terminate()
+                controller.wait(timeout=30)
+            api.close()  # type: ignore[no-untyped-call]
+            emulator.terminate()
+            emulator.wait(timeout=30)
+
+
+def _commit_of(tree: Path) -> str:
+    found = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"],
+                           capture_output=True, text=True, check=False)  # fmt: skip
+    dirty = subprocess.run(["git", "-C", str(tree), "status", "--porcelain", "--", "driver"],
+                           capture_output=True, text=True, check=False).stdout.strip()  # fmt: skip
+    return found.stdout.strip() + ("-dirty" if dirty else "")
+
+
+def main_backlog(args: argparse.Namespace) -> None:
+    tree = Path(args.controller_tree).resolve() if args.controller_tree else ROOT
+    rows = []
+    for nodes in (int(n) for n in args.sizes.split(",")):
+        rows.append(measure_backlog(nodes, args.backlog, args.churn_seconds, args.churn_rate, tree))
+        print(rows[-1], flush=True)
+    path = write_result(
+        "controller_backlog", rows,
+        title="The controller with a backlog that does not fit, under churn (API emulator)",
+        notes="`fractional controller` as its own process against the emulator holding N h100-8x Nodes, "
+        "every GPU holding one 70Gi / 85 % share that the controller placed; then `backlog` gated "
+        "whole-GPU pods (none fits), then churn: departures of random share pods, each followed by a new "
+        "70Gi share. arrival_cpu_s: the controller's CPU while the backlog arrives and is decided; "
+        "churn_cores: its CPU over the churn per second; freed: departures of placed pods (a GPU each); "
+        "backlog_placed / arrivals_placed: ungated by 20 s after the churn; rss_mib: its peak. "
+        "controller_commit: the code the controller ran (the rows of an earlier commit come from "
+        "`--controller-tree`, a worktree of it, in the same run).",
+    )  # fmt: skip
+    print(f"written {path}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="1000,5000", help="node counts, comma-separated")
     parser.add_argument("--pods", type=int, default=1000)
+    parser.add_argument("--backlog", type=int, default=0, help="measure a backlog of this many unfit pods")
+    parser.add_argument("--churn-seconds", type=float, default=60.0)
+    parser.add_argument("--churn-rate", type=float, default=5.0, help="departures (and arrivals) per second")
+    parser.add_argument("--controller-tree", default="", help="a checkout to run the controller from")
     args = parser.parse_args()
+    if args.backlog:
+        main_backlog(args)
+        return
     rows = []
     for nodes in (int(n) for n in args.sizes.split(",")):
         rows.append(measure(nodes, args.pods))
