@@ -27,12 +27,13 @@ pod and its claim deleted, drawn at random) each followed by a new 70Gi share po
 ``arrival_cpu_s``, the controller's CPU while the backlog arrives and is decided (until it idles);
 ``churn_cores``, its CPU over the churn per second of it; ``backlog_placed`` and
 ``arrivals_placed``, the whole-GPU pods and the new shares ungated by 20 s after the churn (a
-departure frees a GPU only when its pod was placed: ``freed``); ``rss_mib`` at the end.
-``--controller-tree PATH`` runs the controller from another checkout (a worktree at an earlier
-commit: the two in one run).
+departure frees a GPU only when its pod was placed: ``freed``), and ``placed_during_churn`` the two
+by the churn's end (a controller behind leaves freed GPUs idle); ``rss_mib`` at the end.
+``--controller-tree PATH[,PATH]`` runs the controller from other checkouts, one row each (a worktree
+at an earlier commit and this one: before and after in one run).
 
     .venv/bin/python bench/bench_controller_scale.py [--sizes 1000,5000] [--pods 1000]
-    .venv/bin/python bench/bench_controller_scale.py --backlog 1000 --sizes 500 [--controller-tree DIR]
+    .venv/bin/python bench/bench_controller_scale.py --backlog 1000 --sizes 500 [--controller-tree DIR,.]
 """
 
 from __future__ import annotations
@@ -266,6 +267,7 @@ def measure_backlog(
                 live.append(name)
             churn = time.monotonic() - started
             ours, theirs = cpu_seconds(controller.pid) - ours, cpu_seconds(emulator.pid) - theirs
+            in_churn = gates.count(waiting) + gates.count(arrivals)
             time.sleep(20)
             return {
                 "nodes": nodes, "gpus": nodes * 8, "backlog": backlog, "controller_commit": _commit_of(tree),
@@ -273,7 +275,7 @@ def measure_backlog(
                 "churn_departures": len(arrivals), "churn_s": round(churn, 1),
                 "churn_cores": round(ours / churn, 2),
                 "apiserver_churn_cores": round(theirs / churn, 2),
-                "freed": freed,
+                "freed": freed, "placed_during_churn": in_churn,
                 "backlog_placed": gates.count(waiting), "arrivals_placed": gates.count(arrivals),
                 "rss_mib": round(peak_rss_mib(controller.pid)),
             }  # fmt: skip
@@ -297,20 +299,26 @@ def _commit_of(tree: Path) -> str:
 
 
 def main_backlog(args: argparse.Namespace) -> None:
-    tree = Path(args.controller_tree).resolve() if args.controller_tree else ROOT
+    trees = [Path(t).resolve() for t in args.controller_tree.split(",") if t] or [ROOT]
     rows = []
     for nodes in (int(n) for n in args.sizes.split(",")):
-        rows.append(measure_backlog(nodes, args.backlog, args.churn_seconds, args.churn_rate, tree))
-        print(rows[-1], flush=True)
+        for tree in trees:
+            rows.append(measure_backlog(nodes, args.backlog, args.churn_seconds, args.churn_rate, tree))
+            print(rows[-1], flush=True)
+    named = ",".join("." if t == ROOT else f"<worktree at {_commit_of(t)}>" for t in trees)
+    command = f"python bench/bench_controller_scale.py --backlog {args.backlog} --sizes {args.sizes}" + (
+        f" --churn-seconds {args.churn_seconds:g} --churn-rate {args.churn_rate:g} --controller-tree {named}"
+    )
     path = write_result(
-        "controller_backlog", rows,
+        "controller_backlog", rows, command=command,
         title="The controller with a backlog that does not fit, under churn (API emulator)",
         notes="`fractional controller` as its own process against the emulator holding N h100-8x Nodes, "
         "every GPU holding one 70Gi / 85 % share that the controller placed; then `backlog` gated "
         "whole-GPU pods (none fits), then churn: departures of random share pods, each followed by a new "
         "70Gi share. arrival_cpu_s: the controller's CPU while the backlog arrives and is decided; "
         "churn_cores: its CPU over the churn per second; freed: departures of placed pods (a GPU each); "
-        "backlog_placed / arrivals_placed: ungated by 20 s after the churn; rss_mib: its peak. "
+        "placed_during_churn: whole-GPU pods and new shares ungated by the churn's end; "
+        "backlog_placed / arrivals_placed: ungated by 20 s after it; rss_mib: its peak. "
         "controller_commit: the code the controller ran (the rows of an earlier commit come from "
         "`--controller-tree`, a worktree of it, in the same run).",
     )  # fmt: skip
@@ -324,7 +332,7 @@ def main() -> None:
     parser.add_argument("--backlog", type=int, default=0, help="measure a backlog of this many unfit pods")
     parser.add_argument("--churn-seconds", type=float, default=60.0)
     parser.add_argument("--churn-rate", type=float, default=5.0, help="departures (and arrivals) per second")
-    parser.add_argument("--controller-tree", default="", help="a checkout to run the controller from")
+    parser.add_argument("--controller-tree", default="", help="checkouts to run the controller from (a,b)")
     args = parser.parse_args()
     if args.backlog:
         main_backlog(args)
