@@ -73,12 +73,11 @@ def peak_rss_mib(pid: int) -> float:
     return int(match.group(1)) / 1024 if match else float("nan")
 
 
-class Ungates:
-    """Watches the backlog's pods (on the emulator, not the controller: a scrape of its /metrics at
-    5,000 nodes costs it more than a decision) and notes when the first and the last gate went."""
+class _Gates:
+    """When each pod of the namespace was first seen ungated (a watch on the emulator)."""
 
-    def __init__(self, configuration: client.Configuration, pods: int) -> None:
-        self.pods, self.first, self.last = pods, 0.0, 0.0
+    def __init__(self, configuration: client.Configuration) -> None:
+        self.ungated: dict[str, float] = {}
         self._api = client.ApiClient(configuration)
         core = client.CoreV1Api(self._api)
         listed = core.list_namespaced_pod(NAMESPACE, limit=1, _preload_content=False)
@@ -88,17 +87,40 @@ class Ungates:
         self._thread.start()
 
     def _run(self, core: client.CoreV1Api, version: str) -> None:
-        ungated: set[str] = set()
-        for event in self._stream.stream(core.list_namespaced_pod, NAMESPACE, resource_version=version):
-            pod = event["object"]
-            if event["type"] == "MODIFIED" and not pod.spec.scheduling_gates:
-                if not ungated:
-                    self.first = time.monotonic()
-                ungated.add(pod.metadata.name)
-                if len(ungated) >= self.pods:
-                    self.last = time.monotonic()
-                    self._stream.stop()
-                    return
+        try:
+            for event in self._stream.stream(
+                core.list_namespaced_pod, NAMESPACE, resource_version=version, _request_timeout=7200
+            ):
+                obj = event["object"]
+                if event["type"] == "MODIFIED" and not obj.spec.scheduling_gates:
+                    self.ungated.setdefault(obj.metadata.name, time.monotonic())
+        except Exception:  # the emulator went away at the end of the run
+            return
+
+    def count(self, names: list[str]) -> int:
+        return sum(1 for n in names if n in self.ungated)
+
+    def close(self) -> None:
+        self._stream.stop()
+        self._api.close()  # type: ignore[no-untyped-call]
+
+
+class Ungates(_Gates):
+    """Watches the backlog's pods (on the emulator, not the controller: a scrape of its /metrics at
+    5,000 nodes costs it more than a decision) and notes when the first and the last gate went."""
+
+    def __init__(self, configuration: client.Configuration, pods: int) -> None:
+        self.pods = pods
+        super().__init__(configuration)
+
+    @property
+    def first(self) -> float:
+        return min(list(self.ungated.values()), default=0.0)
+
+    @property
+    def last(self) -> float:
+        seen = list(self.ungated.values())
+        return max(seen) if len(seen) >= self.pods else 0.0
 
     def wait(self, deadline: float, alive: Callable[[], bool], what: Callable[[], float]) -> float:
         while not what():
@@ -106,10 +128,6 @@ class Ungates:
                 raise SystemExit("the controller stopped, or the backlog did not drain in time")
             time.sleep(0.02)
         return what()
-
-    def close(self) -> None:
-        self._stream.stop()
-        self._api.close()  # type: ignore[no-untyped-call]
 
 
 def measure(nodes: int, pods: int) -> dict[str, Any]:
@@ -162,37 +180,6 @@ def _backlog_claim(name: str, whole: bool) -> dict[str, Any]:
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
             "metadata": {"name": name, "namespace": NAMESPACE},
             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}}  # fmt: skip
-
-
-class _Gates:
-    """When each pod of the namespace was first seen ungated (a watch on the emulator)."""
-
-    def __init__(self, configuration: client.Configuration) -> None:
-        self.ungated: dict[str, float] = {}
-        self._api = client.ApiClient(configuration)
-        core = client.CoreV1Api(self._api)
-        listed = core.list_namespaced_pod(NAMESPACE, limit=1, _preload_content=False)
-        version = json.loads(listed.data)["metadata"]["resourceVersion"]
-        self._stream = watch.Watch()
-        self._thread = threading.Thread(target=self._run, args=(core, version), daemon=True)
-        self._thread.start()
-
-    def _run(self, core: client.CoreV1Api, version: str) -> None:
-        try:
-            for event in self._stream.stream(
-                core.list_namespaced_pod, NAMESPACE, resource_version=version, _request_timeout=7200
-            ):
-                obj = event["object"]
-                if event["type"] == "MODIFIED" and not obj.spec.scheduling_gates:
-                    self.ungated.setdefault(obj.metadata.name, time.monotonic())
-        except Exception:  # the emulator went away at the end of the run
-            return
-
-    def count(self, names: list[str]) -> int:
-        return sum(1 for n in names if n in self.ungated)
-
-    def close(self) -> None:
-        self._stream.stop()
 
 
 def _until_idle(pid: int, *, quiet: float = 0.2, every: float = 2.0, limit: float = 900.0) -> None:
