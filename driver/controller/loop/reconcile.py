@@ -270,6 +270,7 @@ class Reconciler:
         decided: set[tuple[Any, ...]] = set()  # demands of gangs decided in this pass (as far as known)
         backing_off: list[tuple[GangPlan, tuple[Any, ...] | None]] = []
         waiting: dict[tuple[Any, ...], list[GangKey]] = {}  # demand -> gangs left to their backoff
+        passed = set(gangs)
         with self.cache.lock:
             for gang in gangs:
                 key = GANG_PREFIX + gang
@@ -330,7 +331,7 @@ class Reconciler:
             elif outcome.outcome == "allocated":
                 backoff = self._backoffs.pop(plan.key, None)
                 if backoff is not None and backoff.demand is not None:
-                    self._next_of_kind(backoff.demand, waiting, passed=set(gangs))
+                    self._next_of_kind(backoff.demand, waiting, passed=passed)
                 self._mark_unschedulable(plan.key, fit=True)
                 self.metrics.decisions.labels(outcome="allocated").inc()
                 self.metrics.decision_seconds.observe(time.monotonic() - started)
