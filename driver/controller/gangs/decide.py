@@ -228,7 +228,8 @@ def node_fit(
 def demand_key(plan: GangPlan) -> tuple[Any, ...] | None:
     """What ``decide`` reads of a plan, its names and UIDs aside: two plans with the same key get the
     same answer from the same cluster (their pending claims' specs, each pod's requests, where it
-    may run and how many claims it has, in the same groups). None for a plan that depends on more
+    may run, how many claims it has and its priority, which decides the preemptor's nominations it
+    must leave alone, in the same groups). None for a plan that depends on more
     (a claim already allocated pins its pods to a node; a topology domain counts the pods bound)."""
     if plan.topology_key is not None or any(g.pinned_node or g.conflict for g in plan.groups):
         return None
@@ -239,7 +240,7 @@ def demand_key(plan: GangPlan) -> tuple[Any, ...] | None:
         for pod in group.pods:
             spec = pod.get("spec") or {}
             placement = repr((spec.get("nodeSelector"), spec.get("affinity"), spec.get("tolerations")))
-            pods.append((pod_requests(pod), placement, len(pod_claim_refs(pod))))
+            pods.append((pod_requests(pod), placement, len(pod_claim_refs(pod)), spec.get("priority")))
         groups.append((specs, tuple(pods)))
     return tuple(groups)
 
