@@ -33,6 +33,7 @@ __all__ = [
     "group_node",
     "learn_plan",
     "node_fit",
+    "placement_spec",
     "room_exclusions",
     "short_dimension",
     "static_exclusions",
@@ -122,6 +123,12 @@ def allocate_groups(
     return chosen
 
 
+def placement_spec(pod: dict[str, Any]) -> str:
+    """What of a pod decides which nodes it may run on (nodeSelector, affinity, tolerations), as a key."""
+    spec = pod.get("spec") or {}
+    return repr((spec.get("nodeSelector"), spec.get("affinity"), spec.get("tolerations")))
+
+
 class Exclusions:
     """Static exclusions: each distinct pod placement spec (nodeSelector, affinity, tolerations) is
     judged once per node, and the answer kept in the cache until a Node's labels or spec change or
@@ -144,8 +151,7 @@ class Exclusions:
 
     def rejecting(self, pod: dict[str, Any]) -> frozenset[str]:
         """Nodes kube-scheduler would not put ``pod`` on (``nodefit.node_rejection``)."""
-        spec = pod.get("spec") or {}
-        key = repr((spec.get("nodeSelector"), spec.get("affinity"), spec.get("tolerations")))
+        key = placement_spec(pod)
         found = self._by_spec.get(key)
         if found is None:
             nodes = self._cache.objects(Kind.NODE)
@@ -238,9 +244,8 @@ def demand_key(plan: GangPlan) -> tuple[Any, ...] | None:
         specs = tuple(json.dumps(c.get("spec"), sort_keys=True) for c in group.pending_claims)
         pods = []
         for pod in group.pods:
-            spec = pod.get("spec") or {}
-            placement = repr((spec.get("nodeSelector"), spec.get("affinity"), spec.get("tolerations")))
-            pods.append((pod_requests(pod), placement, len(pod_claim_refs(pod)), spec.get("priority")))
+            priority = (pod.get("spec") or {}).get("priority")
+            pods.append((pod_requests(pod), placement_spec(pod), len(pod_claim_refs(pod)), priority))
         groups.append((specs, tuple(pods)))
     return tuple(groups)
 

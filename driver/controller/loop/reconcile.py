@@ -37,7 +37,7 @@ from driver.allocator import check_no_claim_backend
 from driver.controller.consolidation.consolidator import ConsolidationSettings, Consolidator
 from driver.controller.diagnosis.explain import NodeOffer, best_node_offer, describe_demand
 from driver.controller.gangs.burst import decide_all
-from driver.controller.gangs.decide import Decision, demand_key, static_exclusions
+from driver.controller.gangs.decide import Decision, demand_key, placement_spec, static_exclusions
 from driver.controller.gangs.nodefit import node_admits_pod
 from driver.controller.gangs.plan import GangPlan, Reservation, plan_gang, reservation_of
 from driver.controller.kueue.check import kueue_provisions
@@ -817,7 +817,7 @@ class Reconciler:
         when a gang that asks the same (claim specs, pod sizes, where its pods may run) was sized on
         this inventory at this capacity generation, or less than ``SIZING_REUSE_SECONDS`` ago."""
         pods = [p for g in plan.groups if g.pending_claims for p in g.pods] + list(plan.gated)
-        placement = sorted({_placement_spec(p) for p in pods})
+        placement = sorted({placement_spec(p) for p in pods})
         key = (
             self.cache.inventory_version,
             tuple(json.dumps(c.get("spec"), sort_keys=True) for c in claims),
@@ -1071,12 +1071,6 @@ class Reconciler:
                 return
         if mine:  # an earlier version's finalizer on a claim it no longer holds
             self._start_job([queue_key], lambda w: self._release(w.writer, claim))
-
-
-def _placement_spec(pod: dict[str, Any]) -> str:
-    """What of a pod decides which nodes it may run on (as ``Exclusions`` keys it)."""
-    spec = pod.get("spec") or {}
-    return repr((spec.get("nodeSelector"), spec.get("affinity"), spec.get("tolerations")))
 
 
 def _devices_of(claim: dict[str, Any]) -> set[tuple[str, str, str]]:
