@@ -348,7 +348,10 @@ class NodeSearch:
             return False
         if order is None:
             order = self._ordered(ci, request) if self.best_fit else self.candidates
+        last = len(order) - (needed - k)  # each of the request's devices comes later in ``order``
         for index in range(start, len(order)):
+            if index > last:
+                break  # too few candidates left for the devices still to choose
             self._tick()
             undo = self._try(ci, request, order[index], all_mode=False)
             if undo is None:
@@ -557,9 +560,23 @@ class NodeSearch:
         return best
 
     def _ordered(self, ci: int, request: Request) -> list[Candidate]:
+        """The candidates ``request`` may take, best-fit order. Left out beforehand, as ``_try``
+        would refuse them anyway: a device taken whole, one whose capacity cannot take the request,
+        and one the request's selectors refuse (a NIC beside the GPUs; with the pruning in
+        ``_step``, a claim for all 8 GPUs of a node took 263 steps, 9 ms, to prove that the one
+        solution was the only one). A selector that fails to evaluate keeps its device: the search
+        reaches it in order and reports it as before."""
+        claim = self.claims[ci]
         keyed = []
         for candidate in self.candidates:
             device = candidate.device
+            if not request.admin and self.state.exclusive_in_use(device.id):
+                continue
+            try:
+                if not self._selectable(claim, request, candidate):
+                    continue
+            except AllocationError:
+                pass
             committed = self.state.committed_consumed(device.id)
             allocating = self.allocating_capacity.get(device.id)
             consumed = compute_consumption(device, request.capacity, committed, allocating)
