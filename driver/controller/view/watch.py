@@ -19,7 +19,7 @@ from kubernetes import client
 from kubernetes.watch.watch import iter_resp_lines
 
 from driver.controller.model.decode import MAX_OBJECT_DEPTH, bounded, decode_json, format_field_path
-from driver.controller.view.cache import ClusterCache, Kind
+from driver.controller.view.cache import ClusterCache, Kind, trim
 from driver.errors import FractionalError, TransientError
 from driver.kube import REQUEST_TIMEOUT_SECONDS, api_errors, new_api_client
 
@@ -146,7 +146,9 @@ class Watcher(threading.Thread):
                         f"list {self.kind.value}: {format_field_path(path)}: nested too deep"
                     )
                 rejected[len(items) + index] = _too_deep(path[2:])
-            items.extend(_typed_items(body))
+            for item in _typed_items(body):
+                trim(self.kind, item)
+                items.append(item)
             metadata = body.get("metadata") or {}
             continue_token = metadata.get("continue")
             if not continue_token:
