@@ -361,20 +361,34 @@ class _Gang:
 
     # ------------------------------------------------------------ one group
 
-    def _evaluate(self, node: str, claims: Sequence[Claim], *, exhaustive: bool = True) -> Solution | None:
+    def _signature(self, claims: Sequence[Claim], exhaustive: bool = True) -> Any:
+        return (tuple(c.signature for c in claims), self.best_fit, exhaustive)
+
+    def _evaluate(
+        self,
+        node: str,
+        claims: Sequence[Claim],
+        *,
+        exhaustive: bool = True,
+        signature: Any = None,
+        memo: dict[str, tuple[int, int]] | None = None,
+    ) -> Solution | None:
+        """The node's solution for ``claims``, or None; a None is remembered until the node changes.
+        A caller trying many nodes passes ``signature`` and its ``memo`` (``infeasible_memo``)."""
         state = self.state
-        signature = (tuple(c.signature for c in claims), self.best_fit, exhaustive)
+        if signature is None:
+            signature = self._signature(claims, exhaustive)
+        if memo is None:
+            memo = state.infeasible_memo(signature)
         version = state.node_version(node)
-        if state.infeasible.get((signature, node)) == version:
+        if memo.get(node) == version:
             return None
         try:
             solution = search_node(state, node, claims, self.best_fit, exhaustive=exhaustive)
         except _InvalidPools:
             solution = None
         if solution is None:
-            if len(state.infeasible) > 500_000:
-                state.infeasible.clear()
-            state.infeasible[(signature, node)] = version
+            state.remember_infeasible(signature, node, version)
         return solution
 
     def _choose(
@@ -396,6 +410,8 @@ class _Gang:
         found: list[tuple[str, Solution]] = []
         first_rank: Any = None
         examined = 0
+        signature = self._signature(claims)
+        memo = self.state.infeasible_memo(signature)
         for node, rank in self._candidates(claims, multi):
             if accept is not None and not accept(node):
                 continue
@@ -408,7 +424,7 @@ class _Gang:
                 fullest = min(self.state.node_free.get(n, 0) for n, _ in found)
                 if not multi and self.state.node_free.get(node, 0) >= fullest:
                     continue  # same device rank: only a fuller node can win the tie-break
-            solution = self._evaluate(node, claims)
+            solution = self._evaluate(node, claims, signature=signature, memo=memo)
             if solution is None:
                 continue
             if not self.best_fit:

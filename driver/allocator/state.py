@@ -139,7 +139,8 @@ class ClusterData:
         self.indexes: dict[str, FreeIndex] = {}
         self.node_free: dict[str, Number] = {}  # change it only through _set_node_free
         self._free_order: list[tuple[Number, str]] | None = None  # nodes_by_free's, kept in step
-        self.infeasible: dict[tuple[Any, str], tuple[int, int]] = {}
+        self.infeasible: dict[Any, dict[str, tuple[int, int]]] = {}  # signature -> node -> version
+        self._infeasible_count = 0
         self.total_free: Number = 0
         self._node_list: list[str] | None = None
         self._max_candidates: int | None = None
@@ -419,6 +420,23 @@ class ClusterData:
         return available
 
     # ------------------------------------------------------------ node views and the free index
+
+    def infeasible_memo(self, signature: Any) -> dict[str, tuple[int, int]]:
+        """Per node, the version at which a search for ``signature`` found nothing there (read only;
+        ``remember_infeasible`` adds). One lookup of the signature per pick, then one of each node:
+        hashing the signature with every node was most of a whole-GPU pick at 5,000 nodes."""
+        return self.infeasible.get(signature) or {}
+
+    def remember_infeasible(self, signature: Any, node: str, version: tuple[int, int]) -> None:
+        if self._infeasible_count > 500_000:
+            self.infeasible.clear()
+            self._infeasible_count = 0
+        memo = self.infeasible.get(signature)
+        if memo is None:
+            memo = self.infeasible[signature] = {}
+        if node not in memo:
+            self._infeasible_count += 1
+        memo[node] = version
 
     def node_version(self, node: str) -> tuple[int, int]:
         return (self._node_versions.get(node, 0), self.global_version)
