@@ -1,0 +1,148 @@
+"""The allocator's decisions for the production-size fill, in process, at 1,000 and 5,000 nodes.
+
+The fill of ``bench/production_scale.py`` (``fill_plan``: 8-GPU pods to 80 % of the GPUs, 1-GPU pods to
+85 %, shares of 10Gi/10 %, 20Gi/25 % and 40Gi/50 % to 90 %, in one seeded shuffled order) decided one
+pod at a time through ``ClusterState.allocate_many`` (the controller's burst entry point, best-fit),
+each allocation committed into the state before the next, on N h100-8x nodes (the profile's slice,
+built once by our slice code and renamed per node). No API, no controller process: what is measured is
+the decision alone, the part of our controller's CPU that grew with the cluster (py-spy on the
+real control plane at 5,000 nodes: 93 % of its CPU).
+
+Per size: ``ms_per_pod`` (mean over every decision), the median and p99, and per shape the mean;
+``searches`` (node searches run) and ``vs_smallest`` (ms_per_pod over the smallest size's: the issue
+"Production size" asks at most 2x from 1,000 to 5,000 nodes). ``digest``: a hash of every placement
+(pool and device per claim), equal between two commits when they place alike. ``--tree DIR[,DIR]``
+decides with the allocator of other checkouts (``driver`` imported from there), one row each per size:
+before and after, in one run.
+
+    .venv/bin/python bench/bench_fill_decisions.py [--sizes 1000,5000] [--tree DIR,.]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import hashlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.append(str(ROOT))  # after PYTHONPATH: a child imports ``driver`` from the tree under test
+
+from bench._common import write_result  # noqa: E402
+
+
+def _percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * fraction))]
+
+
+def measure(nodes: int) -> dict[str, Any]:
+    """Run in a child process whose ``driver`` is the tree under test (see ``main``)."""
+    from bench.production_scale import fill_plan
+    from driver.allocator import ClusterState, placement
+    from driver.inventory.fake import load_profile, resolve_profile
+    from driver.slices import build_device_classes, build_resource_slices
+
+    state = ClusterState()
+    for device_class in build_device_classes():
+        state.upsert_class(device_class)
+    template = build_resource_slices(load_profile(resolve_profile("h100-8x"), node_name="template"))
+    for index in range(nodes):
+        name = f"node-{index:05d}"
+        state.upsert_node(name, {"kubernetes.io/hostname": name})
+        for number, built in enumerate(template):
+            body = copy.deepcopy(built)
+            body["spec"]["nodeName"] = name
+            body["spec"]["pool"]["name"] = name
+            body["metadata"] = {"name": f"{name}-{number}", "uid": f"{name}-{number}", "resourceVersion": "1"}
+            state.upsert_slice(body)
+    searches = 0
+    original = placement.search_node
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        nonlocal searches
+        searches += 1
+        return original(*args, **kwargs)
+
+    placement.search_node = counted  # type: ignore[assignment]
+    times: dict[str, list[float]] = {}
+    digest = hashlib.sha256()
+    failed = 0
+    for index, (_, shape) in enumerate(fill_plan(8 * nodes)):
+        raw = {
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": f"c{index}", "namespace": "bench", "uid": f"uid-{index}"},
+            "spec": shape.template()["spec"]["spec"],
+        }  # fmt: skip
+        began = time.perf_counter()
+        (result,) = state.allocate_many([[raw]])
+        times.setdefault(shape.name, []).append(time.perf_counter() - began)
+        if result is None:
+            failed += 1
+            continue
+        taken = sorted((r["pool"], r["device"]) for r in result[0]["devices"]["results"])
+        digest.update(repr(taken).encode())
+        raw["status"] = {"allocation": result[0]}
+        state.upsert_claim(raw)
+    every = [t for values in times.values() for t in values]
+    row: dict[str, Any] = {
+        "nodes": nodes, "gpus": 8 * nodes, "pods": len(every), "failed": failed,
+        "decide_s": round(sum(every), 2),
+        "ms_per_pod": round(statistics.mean(every) * 1000, 3),
+        "ms_p50": round(statistics.median(every) * 1000, 3),
+        "ms_p99": round(_percentile(every, 0.99) * 1000, 3),
+    }  # fmt: skip
+    for name, values in times.items():
+        row[f"ms_{name}"] = round(statistics.mean(values) * 1000, 3)
+    row["searches"] = searches
+    row["digest"] = digest.hexdigest()[:12]
+    return row
+
+
+def _commit_of(tree: Path) -> str:
+    out = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"],
+                         capture_output=True, text=True, check=False)  # fmt: skip
+    return out.stdout.strip() or "?"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", default="1000,5000", help="node counts, comma-separated")
+    parser.add_argument("--tree", default=".", help="checkouts whose allocator decides (a,b)")
+    parser.add_argument("--one", type=int, help=argparse.SUPPRESS)  # the child: one size, a JSON row
+    args = parser.parse_args()
+    if args.one is not None:
+        print(json.dumps(measure(args.one)))
+        return
+    sizes = [int(s) for s in args.sizes.split(",")]
+    rows: list[dict[str, Any]] = []
+    for tree in [Path(t).resolve() for t in args.tree.split(",")]:
+        smallest: float | None = None
+        for nodes in sizes:
+            environment = {**os.environ, "PYTHONPATH": f"{tree}{os.pathsep}{ROOT}"}
+            done = subprocess.run(
+                [sys.executable, __file__, "--one", str(nodes)], env=environment, cwd=tree,
+                capture_output=True, text=True, check=True,
+            )  # fmt: skip
+            row = {"allocator_commit": _commit_of(tree), **json.loads(done.stdout.strip().splitlines()[-1])}
+            smallest = row["ms_per_pod"] if smallest is None else smallest
+            row["vs_smallest"] = round(row["ms_per_pod"] / smallest, 2)
+            rows.append(row)
+            print(row, flush=True)
+    notes = (__doc__ or "").split("\n\n", 1)[1].rsplit("\n\n", 1)[0]
+    path = write_result(
+        "fill_decisions", rows, title="Allocator: the production-size fill, decided in process", notes=notes
+    )
+    print(f"written {path}")
+
+
+if __name__ == "__main__":
+    main()
