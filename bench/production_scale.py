@@ -1226,14 +1226,24 @@ def main(argv: list[str]) -> int:
         print(f"logs kept in {kept}", flush=True)
         cluster.down()
     stamp = {"commit": commit(), "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")}
-    rows = [{**row, **stamp} for row in rows]
+    record([{**row, **stamp} for row in rows])
+    return 0
+
+
+def _row_key(row: dict[str, Any]) -> tuple[Any, ...]:
+    return (row.get("nodes"), row.get("setting"), row.get("path"), row.get("case"))
+
+
+def record(rows: list[dict[str, Any]]) -> None:
+    """Write ``rows`` into ``scale.json``: they replace the rows of the same size, setting, path and
+    case, and every other row stays with its own commit and date (a run of one path or one case
+    leaves the rest of the table as it was)."""
     previous = RESULTS_DIR / "scale.json"
+    measured = {_row_key(r) for r in rows}
     kept_rows = []
-    if previous.exists():  # the other sizes' rows stay, each with its own commit and date
+    if previous.exists():
         kept_rows = [
-            r
-            for r in json.loads(previous.read_text(encoding="utf-8"))["rows"]
-            if r.get("nodes") != args.nodes
+            r for r in json.loads(previous.read_text(encoding="utf-8"))["rows"] if _row_key(r) not in measured
         ]
     all_rows = sorted(kept_rows + rows, key=lambda r: r["nodes"])
     notes = (
@@ -1246,27 +1256,31 @@ def main(argv: list[str]) -> int:
         "scale", all_rows, title="Production size on the real control plane (kwok fleet)", notes=notes
     )
     print(ratios(all_rows))
-    return 0
 
 
 def ratios(rows: list[dict[str, Any]]) -> str:
-    """Ours against kube-scheduler's better profile, per size, setting and case (same run)."""
+    """Ours against kube-scheduler's better profile, per size, setting and case, from rows of one
+    run only (the same date): rows of different runs are not compared."""
     lines = ["Ours against kube-scheduler's better profile in the same run (above 1: ours is better):"]
     keys = sorted({(r["nodes"], r["setting"]) for r in rows}, key=lambda k: (k[0], k[1]))
     for nodes, setting in keys:
 
-        def pick(case: str, path: str, nodes: int = nodes, setting: str = setting) -> dict[str, Any]:
-            wanted = (nodes, setting, case, path)
-            return next((r for r in rows if (r["nodes"], r["setting"], r["case"], r["path"]) == wanted), {})
+        def pick(
+            case: str, path: str, nodes: int = nodes, setting: str = setting, run: Any = None
+        ) -> dict[str, Any]:
+            wanted = (nodes, setting, path, case)
+            return next(
+                (r for r in rows if _row_key(r) == wanted and (run is None or r.get("date") == run)), {}
+            )
 
         parts = []
         ours = pick("fill", "ours")
-        theirs = [pick("fill", p) for p in PATHS[:2]]
+        theirs = [pick("fill", p, run=ours.get("date")) for p in PATHS[:2]]
         best = max((t for t in theirs if t.get("pods_per_s")), key=lambda t: t["pods_per_s"], default={})
         if ours.get("pods_per_s") and best:
             parts.append(f"fill throughput {ours['pods_per_s'] / best['pods_per_s']:.2f}x ({best['path']})")
         ours = pick("churn", "ours")
-        theirs = [pick("churn", p) for p in PATHS[:2]]
+        theirs = [pick("churn", p, run=ours.get("date")) for p in PATHS[:2]]
         measure = "whole_free_share" if "whole_free_share" in ours else "gpus_free"  # older rows: raw
         best = max((t for t in theirs if measure in t), key=lambda t: t[measure], default={})
         if ours and best and best.get(measure):

@@ -18,6 +18,7 @@ from bench.production_scale import (
     fill_plan,
     pod_body,
     ratios,
+    record,
     scheduler_config,
     stuck_report,
     trace_pod_body,
@@ -113,6 +114,51 @@ def test_the_ratios_compare_ours_with_the_better_kube_scheduler_profile() -> Non
     assert "fill throughput 1.50x (kube-scheduler-mostallocated)" in text
     assert "whole GPUs free after churn (whole_free_share) 1.50x (150 against 100 GPUs" in text
     assert "churn p99 1.50 s against 1.00 s (1.50x" in text
+
+
+def test_rows_of_different_runs_are_not_compared() -> None:
+    base = {"nodes": 5000, "setting": "raised"}
+    rows = [
+        {**base, "case": "fill", "path": "kube-scheduler-mostallocated", "pods_per_s": 5.0, "date": "run 1"},
+        {**base, "case": "fill", "path": "ours", "pods_per_s": 15.0, "date": "run 2"},
+    ]
+    assert "fill throughput" not in ratios(rows)
+    rows[1]["date"] = "run 1"
+    assert "fill throughput 3.00x (kube-scheduler-mostallocated)" in ratios(rows)
+
+
+def test_a_run_of_one_path_and_case_replaces_only_those_rows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run of ours' fill alone at 5,000 nodes once dropped every other row of that size: kube-
+    scheduler's, and our churn and gangs."""
+    import json
+
+    import bench._common as common
+    import bench.production_scale as production_scale
+
+    monkeypatch.setattr(common, "RESULTS_DIR", tmp_path)
+    monkeypatch.setattr(production_scale, "RESULTS_DIR", tmp_path)
+    base = {"nodes": 5000, "setting": "raised", "date": "run 1", "commit": "a"}
+    old = [
+        {**base, "path": "ours", "case": "startup", "startup_s": 12.0},
+        {**base, "path": "ours", "case": "fill", "pods_per_s": 15.0},
+        {**base, "path": "ours", "case": "churn", "p99_s": 2.8},
+        {**base, "path": "kube-scheduler-mostallocated", "case": "fill", "pods_per_s": 5.0},
+        {**base, "nodes": 1000, "path": "ours", "case": "fill", "pods_per_s": 29.0},
+    ]
+    (tmp_path / "scale.json").write_text(json.dumps({"rows": old}), encoding="utf-8")
+    new = {**base, "date": "run 2", "commit": "b"}
+    record([{**new, "path": "ours", "case": "startup", "startup_s": 14.0},
+            {**new, "path": "ours", "case": "fill", "pods_per_s": 17.0}])  # fmt: skip
+    rows = json.loads((tmp_path / "scale.json").read_text(encoding="utf-8"))["rows"]
+    held = {(r["nodes"], r["path"], r["case"]): r for r in rows}
+    assert len(rows) == 5
+    fill = held[(5000, "ours", "fill")]
+    assert fill["pods_per_s"] == 17.0 and fill["commit"] == "b"
+    assert held[(5000, "ours", "churn")]["commit"] == "a"
+    assert held[(5000, "kube-scheduler-mostallocated", "fill")]["commit"] == "a"
+    assert held[(1000, "ours", "fill")]["pods_per_s"] == 29.0
 
 
 def test_binds_the_watch_missed_are_timed_by_their_pod_scheduled_condition() -> None:
