@@ -28,6 +28,17 @@ def _whole(name: str, count: int) -> dict[str, Any]:
     return claim(name, exact("gpu", class_name="gpu.fractional.dev", count=count))
 
 
+def _commit(state: ClusterState, raw: dict[str, Any], uid: str) -> bool:
+    """Allocate ``raw`` and hold it as the API would echo it; False when it does not fit."""
+    raw["metadata"]["uid"] = uid
+    allocation = state.allocate([raw])
+    if allocation is None:
+        return False
+    raw["status"] = {"allocation": allocation[0]}
+    state.upsert_claim(raw)
+    return True
+
+
 def _expected(state: ClusterState, at_least: float, emptiest_first: bool) -> list[str]:
     free = state.node_free
     nodes = [n for n in state.node_names() if free.get(n, 0) >= at_least]
@@ -69,11 +80,7 @@ def test_the_node_order_by_free_capacity_equals_a_fresh_sort(
             state.remove_slice(f"{node}-fractional.dev")
         elif op in ("share", "whole"):
             raw = share(f"c{step}", size) if op == "share" else _whole(f"c{step}", 1 + size % 2)
-            raw["metadata"]["uid"] = f"uid-{step}"
-            allocation = state.allocate([raw])
-            if allocation is not None:
-                raw["status"] = {"allocation": allocation[0]}
-                state.upsert_claim(raw)
+            if _commit(state, raw, f"uid-{step}"):
                 held.append(f"uid-{step}")
         elif held:
             state.remove_claim(held.pop(rng.randrange(len(held))))
@@ -95,12 +102,7 @@ def test_an_order_being_read_is_not_changed_by_allocations_meanwhile() -> None:
     before = _expected(state, 0, True)
     walk = state.nodes_by_free(0, emptiest_first=True)
     seen = [next(walk)]
-    taken = share("meanwhile", 30)
-    taken["metadata"]["uid"] = "meanwhile"
-    allocation = state.allocate([taken])
-    assert allocation is not None
-    taken["status"] = {"allocation": allocation[0]}
-    state.upsert_claim(taken)
+    assert _commit(state, share("meanwhile", 30), "meanwhile")
     seen += list(walk)
     assert seen == before  # the walk began before the share; a new one sees it
     assert list(state.nodes_by_free(0, emptiest_first=True)) == _expected(state, 0, True) != before
@@ -137,12 +139,7 @@ def test_a_claim_for_every_gpu_of_a_node_is_found_without_walking_the_nics() -> 
         assert names == sorted(f"gpu-{i}" for i in range(8))
         assert sum(steps) <= 16, steps  # 263 before: every NIC tried in every position
 
-    one = share("one", 10)
-    one["metadata"]["uid"] = "one"
-    allocation = state.allocate([one])
-    assert allocation is not None
-    one["status"] = {"allocation": allocation[0]}
-    state.upsert_claim(one)
+    assert _commit(state, share("one", 10), "one")
     solution, steps = _steps(state, "n0", _whole("all", 8), best_fit=True)
     assert solution is None
     assert sum(steps) <= 16, steps  # 7 whole GPUs left: no branch can end with 8
