@@ -563,7 +563,7 @@ class NodeSearch:
         """The candidates ``request`` may take, best-fit order. Left out beforehand, as ``_try``
         would refuse them anyway: a device taken whole, one whose capacity cannot take the request,
         and one the request's selectors refuse (a NIC beside the GPUs; with the pruning in
-        ``_step``, a claim for all 8 GPUs of a node took 263 steps, 9 ms, to prove that the one
+        ``_step``, a claim for all 8 GPUs of a node took 263 steps (3 ms) to prove that the one
         solution was the only one). A selector that fails to evaluate keeps its device: the search
         reaches it in order and reports it as before."""
         claim = self.claims[ci]
