@@ -156,7 +156,7 @@ class Watcher(threading.Thread):
         self.relists += 1
         if rejected:
             log.warning("objects rejected", extra={"kind": self.kind.value, "count": len(rejected)})
-        for event_type, obj in self._cache.replace(self.kind, items, rejected):
+        for event_type, obj in self._cache.replace(self.kind, items, rejected, trimmed=True):
             self._on_event(self.kind, event_type, obj, None)
         return str(metadata.get("resourceVersion") or "")
 
