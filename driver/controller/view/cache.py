@@ -167,6 +167,7 @@ class ClusterCache:
         self._bound: dict[ObjectKey, tuple[str, Resources]] = {}
         self._usage: dict[str, Resources] = defaultdict(Resources)
         self._allocatable: dict[str, Resources] = {}  # per Node, parsed once per version
+        self._cpu_free: dict[str, int] = {}  # per Node: allocatable CPU less usage (``_room_changed``)
         # What depends only on the Nodes' labels and specs and on which nodes have slices (which
         # nodes a pod spec excludes): kept across decisions, emptied when one of those changes.
         self._exclusion_memo: dict[str, frozenset[str]] = {}
@@ -619,16 +620,12 @@ class ClusterCache:
 
     def hostname(self, node: str) -> str | None:
         """The Node's ``kubernetes.io/hostname`` label (None: no Node, or no label)."""
-        found = self._objects[Kind.NODE].get(ObjectKey(node))
-        value = (((found or {}).get("metadata") or {}).get("labels") or {}).get(HOSTNAME_LABEL)
+        value = self.state.labels(node).get(HOSTNAME_LABEL)  # the Node's labels, as stored
         return str(value) if value else None
 
     def cpu_free(self, node: str) -> int:
         """CPU millicores of ``node`` that no bound or placed pod requests (allocatable less usage)."""
-        allocatable = self._allocatable.get(node)
-        if allocatable is None:
-            return 0
-        return allocatable.cpu_millis - self._usage.get(node, Resources()).cpu_millis
+        return self._cpu_free.get(node, 0)  # called for every node of a decision: kept, not derived
 
     def nodes_without_room(self, requests: Resources) -> frozenset[str]:
         """Nodes whose allocatable, less what is bound or placed there, cannot take ``requests``.
@@ -657,6 +654,13 @@ class ClusterCache:
         return not requests.fits_within(allocatable - (self._usage.get(node) or Resources()))
 
     def _room_changed(self, node: str) -> None:
+        """Every change of a node's allocatable or usage comes through here."""
+        allocatable = self._allocatable.get(node)
+        if allocatable is None:
+            self._cpu_free.pop(node, None)
+        else:
+            usage = self._usage.get(node)
+            self._cpu_free[node] = allocatable.cpu_millis - (0 if usage is None else usage.cpu_millis)
         self._room_changes.append(node)
         if len(self._room_changes) > MAX_ROOM_CHANGES:  # memos older than this look at every node
             self._room_base += len(self._room_changes)
