@@ -60,6 +60,21 @@ class ClusterState(ClusterData):
         nodes = [n for n in self.node_names() if n not in exclude_nodes]
         return self._fragmentation.rank(found[0], found[1], nodes, cpu_free)
 
+    def nodes_taking(
+        self,
+        claims: Sequence[Mapping[str, Any]],
+        *,
+        cpu_millis: int,
+        cpu_free: Callable[[str], int],
+        nodes: Sequence[str],
+    ) -> list[str] | None:
+        """``nodes`` whose devices can take one pod's ``claims``, their CPU aside, in the order
+        given: exact for the pods ``rank_nodes`` ranks, and None where it gives None."""
+        found = self._shape(claims, cpu_millis)
+        if found is None:
+            return None
+        return self._fragmentation.taking(found[0], found[1], nodes, cpu_free)
+
     def _shape(self, claims: Sequence[Mapping[str, Any]], cpu_millis: int) -> tuple[Shape, Request] | None:
         return shape_of(parse_claims(self, claims, "best-fit"), cpu_millis)
 

@@ -50,7 +50,7 @@ from driver.allocator.celenv import SelectorError, evaluate_selector
 from driver.allocator.model import Claim, Device, Request
 from driver.allocator.state import ClusterData
 
-__all__ = ["FRESH_SCORES", "WHOLE", "Fragmentation", "Shape", "Workload", "shape_of"]
+__all__ = ["FRESH_SCORES", "KEPT_POD_SELECTORS", "WHOLE", "Fragmentation", "Shape", "Workload", "shape_of"]
 
 WHOLE = -1
 """A shape's per-device memory when it takes each device whole."""
@@ -58,6 +58,10 @@ WHOLE = -1
 FRESH_SCORES = 24
 """Scores not kept from earlier decisions, computed at most per decision (the nodes left over follow
 the scored ones, in best-fit order)."""
+
+KEPT_POD_SELECTORS = 64
+"""Selectors of pods that the typical workload lacks, kept known when it is derived again (a node's
+state says which selectors accept each device: one more makes every node's state anew)."""
 
 _RELEARN_FIRST = 16  # the typical workload is derived again after 16, 32, 64, ... observations,
 _RELEARN_EVERY = 4096  # then every 4,096: each derivation makes every node state a fresh one
@@ -164,7 +168,12 @@ class Fragmentation:
         self._weighted: list[tuple[int, int, int, int, float]] = []  # cpu, devices, memory, selector, weight
         self._selectors: list[tuple[Any, ...]] = []  # distinct selectors: the typical shapes', then pods'
         self._requests: dict[tuple[Any, ...], Request | None] = {}
-        self._accepts: dict[tuple[tuple[Any, ...], Any], bool] = {}
+        # per device: its facts (a slice stored again brings new ones), and which of the first
+        # selectors of ``_selectors`` accept it (extended as pods bring selectors the typical
+        # workload lacks, so a new one costs one answer per device)
+        self._device_accepts: dict[Any, tuple[Any, tuple[bool, ...]]] = {}
+        self._global_version = -1  # the state's global version the node states were taken at
+        self._outside_held: dict[tuple[Any, ...], tuple[int, bool]] = {}  # selector -> (inventory, answer)
         # node -> (its version, CPU free, its state, its devices' number, selectors known then)
         self._nodes: dict[str, tuple[Any, int, _State, int, int]] = {}
         self._state_numbers: dict[_Devices, int] = {}
@@ -187,8 +196,15 @@ class Fragmentation:
             return
         self._version = self.workload.version
         typical = self.workload.typical()
+        before, requests = self._selectors, self._requests
         self._selectors = list(dict.fromkeys(s.selector for s, _ in typical))
         self._requests = {s.selector: self.workload.request(s) for s, _ in typical}
+        # the pods' own selectors seen before stay known (each new one makes every node state anew)
+        kept = [selector for selector in before if selector not in self._requests][:KEPT_POD_SELECTORS]
+        for selector in kept:
+            self._selectors.append(selector)
+            self._requests[selector] = requests[selector]
+        self._carry_accepts(before)
         self._weighted = [
             (s.cpu_millis, s.devices, s.memory, self._selectors.index(s.selector), w) for s, w in typical
         ]
@@ -201,35 +217,44 @@ class Fragmentation:
         self._free_memory.clear()
         self._untouched.clear()
 
-    def _accepts_device(self, selector: tuple[Any, ...], request: Request | None, device: Device) -> bool:
+    def _carry_accepts(self, before: list[tuple[Any, ...]]) -> None:
+        """Keep each device's answers for the selectors known before and again now (``_selectors``
+        just derived again: most are), in the new order, up to the first new one."""
+        where = {selector: i for i, selector in enumerate(before)}
+        kept: list[int] = []
+        for selector in self._selectors:
+            if selector not in where:
+                break
+            kept.append(where[selector])
+        if not kept:
+            self._device_accepts.clear()
+            return
+        self._device_accepts = {
+            device: (facts, tuple(accepts[i] for i in kept))
+            for device, (facts, accepts) in self._device_accepts.items()
+            if len(accepts) > max(kept)
+        }
+
+    @staticmethod
+    def _accepts_device(request: Request | None, device: Device) -> bool:
         if request is None:
             return True  # a pod without devices: its selector is never asked about
-        key = (selector, device.id)
-        cached = self._accepts.get(key)
-        if cached is None:
-            try:
-                cached = all(evaluate_selector(s, device.facts) for _, s in request.selectors)
-            except SelectorError:
-                cached = False
-            if len(self._accepts) > 200_000:
-                self._accepts.clear()
-            self._accepts[key] = cached
-        return cached
+        try:  # each answer is kept with the device's facts (``evaluate_selector``)
+            return all(evaluate_selector(s, device.facts) for _, s in request.selectors)
+        except SelectorError:
+            return False
 
     # ------------------------------------------------------------ node states
 
     def _node_state(self, node: str, cpu_free: int) -> tuple[int, _State]:
         """The node's state as scored, and its devices' number (equal devices, on any node, share
-        one)."""
-        version = self.state.node_version(node)
+        one). ``rank`` checks first whether the one held is current (the same test, inlined)."""
+        version = self.state.node_versions.get(node, 0)
         held = self._nodes.get(node)
-        if (
-            held is not None
-            and held[0] == version
-            and held[1] == cpu_free
-            and held[4] == len(self._selectors)
-        ):
+        selectors = len(self._selectors)
+        if held is not None and held[0] == version and held[1] == cpu_free and held[4] == selectors:
             return held[3], held[2]
+        known = self._device_accepts
         devices = []
         for candidate in self.state.view(node).candidates:
             device = candidate.device
@@ -243,7 +268,13 @@ class Fragmentation:
                 free = 0
             else:
                 free = total - int((self.state.committed_consumed(device.id) or {}).get(key, 0))
-            accepts = tuple(self._accepts_device(s, self._requests[s], device) for s in self._selectors)
+            held_accepts = known.get(device.id)
+            accepts = held_accepts[1] if held_accepts is not None and held_accepts[0] is device.facts else ()
+            if len(accepts) < selectors:
+                accepts += tuple(
+                    self._accepts_device(self._requests[s], device) for s in self._selectors[len(accepts) :]
+                )
+                known[device.id] = (device.facts, accepts)
             devices.append((total, free, accepts))
         state = (cpu_free, tuple(sorted(devices)))
         number = self._state_numbers.get(state[1])
@@ -258,7 +289,7 @@ class Fragmentation:
             number = self._state_numbers[state[1]] = len(self._state_numbers)
             self._free_memory.append(sum(free for _, free, _ in state[1]))
             self._untouched.append(all(free == total for total, free, _ in state[1]))
-        self._nodes[node] = (version, cpu_free, state, number, len(self._selectors))
+        self._nodes[node] = (version, cpu_free, state, number, selectors)
         return number, state
 
     # ------------------------------------------------------------ scoring
@@ -342,6 +373,69 @@ class Fragmentation:
                 best = delta
         return best
 
+    def _prepare(self, shape: Shape, request: Request | None) -> int | None:
+        """The index of the pod's selector in ``_selectors`` (added if new), with the learned
+        workload and the node states current; None when nothing is learned yet, or when the pod's
+        request may take devices the model does not see (``_outside``)."""
+        self._refresh()
+        if not self._weighted:
+            return None
+        self.state.refresh()
+        if self.state.global_version != self._global_version:  # every node's version moved
+            self._global_version = self.state.global_version
+            self._nodes.clear()
+        if request is not None and self._outside(shape.selector, request):
+            return None
+        if shape.selector not in self._selectors:
+            self._selectors.append(shape.selector)
+            self._requests[shape.selector] = request
+        return self._selectors.index(shape.selector)
+
+    def _outside(self, selector: tuple[Any, ...], request: Request) -> bool:
+        """Whether the request accepts a device the model leaves out of every node state: one with
+        no memory capacity (a NIC), or one not attached to a node. Such a pod is not ranked: an empty
+        ranking would say it fits nowhere. Kept per selector until the devices change."""
+        version = self.state.inventory_version
+        held = self._outside_held.get(selector)
+        if held is not None and held[0] == version:
+            return held[1]
+        found = False
+        for node in self.state.node_names():
+            for candidate in self.state.view(node).candidates:
+                device = candidate.device
+                if (device.memory_key is None or candidate.slice.node_name is None) and self._accepts_device(
+                    request, device
+                ):
+                    found = True
+                    break
+            if found:
+                break
+        if len(self._outside_held) > 10_000:
+            self._outside_held.clear()
+        self._outside_held[selector] = (version, found)
+        return found
+
+    def taking(
+        self, shape: Shape, request: Request, nodes: Iterable[str], cpu_free: Callable[[str], int]
+    ) -> list[str] | None:
+        """``nodes`` whose devices can take the pod's, their CPU aside, in the order given (exact
+        for the pods ``rank`` ranks); None where ``rank`` gives None."""
+        selector = self._prepare(shape, request)
+        if selector is None:
+            return None
+        shape_number = self._shape_numbers.setdefault(shape, len(self._shape_numbers))
+        taking = []
+        for node in nodes:
+            number, node_state = self._node_state(node, cpu_free(node))
+            fit = self._fits.get((number, shape_number))
+            if fit is None:
+                fit = self._fits[(number, shape_number)] = (
+                    len(_usable(node_state[1], shape, selector)) >= shape.devices
+                )
+            if fit:
+                taking.append(node)
+        return taking
+
     def rank(
         self,
         shape: Shape,
@@ -354,14 +448,9 @@ class Fragmentation:
         then the rest in best-fit order; empty when none can. None when the workload is not learned
         yet (the caller keeps its own order). ``request``: the pod's device request (None for a pod
         without devices, ``shape.devices`` 0)."""
-        self._refresh()
-        if not self._weighted:
+        selector = self._prepare(shape, request)
+        if selector is None:
             return None
-        self.state.refresh()
-        if shape.selector not in self._selectors:
-            self._selectors.append(shape.selector)
-            self._requests[shape.selector] = request
-        selector = self._selectors.index(shape.selector)
         scores = self._scores
         shape_number = self._shape_numbers.setdefault(shape, len(self._shape_numbers))
         thresholds = self._thresholds
@@ -369,11 +458,16 @@ class Fragmentation:
         fresh: list[tuple[int, int, str, _State, tuple[int, int, int, int]]] = []
         pod_cpu, classify = shape.cpu_millis, bisect.bisect_right
         fits, free_memory, untouched = self._fits, self._free_memory, self._untouched
+        held_states, version_of, known = self._nodes.get, self.state.node_versions.get, len(self._selectors)
         for node in nodes:
             cpu = cpu_free(node)
             if cpu < pod_cpu:
                 continue
-            number, node_state = self._node_state(node, cpu)
+            held = held_states(node)
+            if held is not None and held[1] == cpu and held[0] == version_of(node, 0) and held[4] == known:
+                number, node_state = held[3], held[2]  # ``_node_state``'s test, inlined
+            else:
+                number, node_state = self._node_state(node, cpu)
             key = (number, shape_number, classify(thresholds, cpu), classify(thresholds, cpu - pod_cpu))
             found = scores.get(key, _UNSCORED)
             if found is _UNSCORED:

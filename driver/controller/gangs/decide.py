@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -277,7 +277,7 @@ def decide(
         )
         if chosen is None:
             if not last_shortfall and no_room:
-                last_shortfall = _shortfall_elsewhere(cache, plan, frozenset(static), policy=policy)
+                last_shortfall = _shortfall_elsewhere(cache, plan, frozenset(static), no_room, policy=policy)
             if not last_shortfall:
                 return Decision(outcome="unschedulable", reason="devices do not fit")
             # The devices fit only on nodes the pods' requests overflow: name what those nodes lack.
@@ -362,6 +362,21 @@ def _ranked_nodes(cache: ClusterCache, plan: GangPlan, excluded: frozenset[str])
     )
 
 
+def _nodes_taking(cache: ClusterCache, plan: GangPlan, nodes: Sequence[str]) -> list[str] | None:
+    """``ClusterState.nodes_taking`` for a plan of one free pod; None as ``_ranked_nodes``."""
+    if len(plan.groups) != 1:
+        return None
+    group = plan.groups[0]
+    if len(group.pods) != 1 or group.pinned_node or group.conflict or not group.pending_claims:
+        return None
+    return cache.state.nodes_taking(
+        list(group.pending_claims),
+        cpu_millis=pod_requests(group.pods[0]).cpu_millis,
+        cpu_free=cache.cpu_free,
+        nodes=nodes,
+    )
+
+
 def _ranked_decision(
     cache: ClusterCache, plan: GangPlan, excluded: frozenset[str]
 ) -> Decision | _Nowhere | None:
@@ -391,12 +406,26 @@ def _shortfall_elsewhere(
     cache: ClusterCache,
     plan: GangPlan,
     static: frozenset[str],
+    no_room: frozenset[str],
     *,
     policy: str,
 ) -> str:
-    """The devices do not fit on the nodes with room: would they fit on the others? Then name what
-    those lack (the pods wait for CPU or memory, not devices). Empty when they fit nowhere."""
-    chosen = allocate_groups(cache, plan.groups, policy=policy, exclude_nodes=static)
+    """The devices do not fit on the nodes with room: would they fit on the others (``no_room``)?
+    Then name what those lack (the pods wait for CPU or memory, not devices). Empty when they fit
+    nowhere. A plan of one pod group goes on one node, and none with room takes it, so only the
+    nodes without room are searched (a pod that fits nowhere is the trace's most common failure);
+    a larger gang may mix the two."""
+    exclude = static
+    if len(plan.groups) == 1:
+        candidates: Collection[str] = no_room
+        if policy == FRAGMENTATION:  # the fragmentation model knows where the devices fit
+            taking = _nodes_taking(cache, plan, sorted(no_room))
+            if taking is not None:
+                if not taking:
+                    return ""
+                candidates = frozenset(taking)
+        exclude = static | frozenset(n for n in cache.state.node_names() if n not in candidates)
+    chosen = allocate_groups(cache, plan.groups, policy=policy, exclude_nodes=exclude)
     if chosen is None:
         return ""
     return node_fit(cache, plan, chosen)[2]
