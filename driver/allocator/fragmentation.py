@@ -229,10 +229,11 @@ class Fragmentation:
         if not kept:
             self._device_accepts.clear()
             return
+        needed = max(kept) + 1  # answers a device must hold to carry them
         self._device_accepts = {
             device: (facts, tuple(accepts[i] for i in kept))
             for device, (facts, accepts) in self._device_accepts.items()
-            if len(accepts) > max(kept)
+            if len(accepts) >= needed
         }
 
     @staticmethod

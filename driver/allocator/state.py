@@ -446,8 +446,9 @@ class ClusterData:
 
     @property
     def node_versions(self) -> Mapping[str, int]:
-        """Per node, a number that changes whenever its devices or their use change (absent: 0);
-        with ``global_version`` unchanged. Read only: for callers checking thousands of nodes."""
+        """Per node, a number that changes whenever its devices or their use change (absent: 0).
+        ``node_version`` pairs it with ``global_version``; this is for callers that check thousands
+        of nodes and watch ``global_version`` themselves. Read only."""
         return self._node_versions
 
     def refresh(self) -> None:

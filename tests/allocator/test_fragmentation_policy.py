@@ -75,6 +75,17 @@ def _allocate(state: ClusterState, claim: dict[str, Any], node: str) -> None:
     state.upsert_claim(allocated)
 
 
+def _random_cluster(
+    rng: random.Random,
+) -> tuple[dict[str, list[tuple[int, str]]], ClusterState, dict[str, int]]:
+    """Eight nodes of 1 to 8 GPUs of one size and model each, and each node's free CPU."""
+    models = ("A100", "L4", "T4")
+    nodes = {
+        f"n{i}": [(rng.choice((16, 24, 80)), rng.choice(models))] * rng.choice((1, 2, 4, 8)) for i in range(8)
+    }
+    return nodes, _state(nodes), {n: rng.randrange(0, 64_000, 500) for n in nodes}
+
+
 def _teach(state: ClusterState, claims_and_cpu: list[tuple[dict[str, Any], int]], times: int) -> None:
     for _ in range(times):
         for claim, cpu in claims_and_cpu:
@@ -209,12 +220,7 @@ def test_relearning_is_sparse() -> None:
 @given(st.integers(0, 2**32 - 1))
 def test_every_ranked_node_can_take_the_pod(seed: int) -> None:
     rng = random.Random(seed)
-    models = ("A100", "L4", "T4")
-    nodes = {
-        f"n{i}": [(rng.choice((16, 24, 80)), rng.choice(models))] * rng.choice((1, 2, 4, 8)) for i in range(8)
-    }
-    state = _state(nodes)
-    cpu = {n: rng.randrange(0, 64_000, 500) for n in nodes}
+    nodes, state, cpu = _random_cluster(rng)
     for _ in range(rng.randrange(0, 20)):  # some shares already placed
         node = rng.choice(list(nodes))
         ranked_claim = _claim(rng.choice((1, 2, 4)))
@@ -369,12 +375,7 @@ def test_the_nodes_taking_a_pod_are_those_the_allocator_places_it_on(seed: int) 
     # ``nodes_taking`` stands in for a search when the decider names what a pod waits for: it must
     # be exact, through new selectors and the workload derived again between pods.
     rng = random.Random(seed)
-    models = ("A100", "L4", "T4")
-    nodes = {
-        f"n{i}": [(rng.choice((16, 24, 80)), rng.choice(models))] * rng.choice((1, 2, 4, 8)) for i in range(8)
-    }
-    state = _state(nodes)
-    cpu = {n: rng.randrange(0, 64_000, 500) for n in nodes}
+    nodes, state, cpu = _random_cluster(rng)
     _teach(state, [(_claim(rng.choice((None, 4, 8))), 1000)], 16)
     for _ in range(4):
         node = rng.choice(list(nodes))
