@@ -64,6 +64,11 @@ def _ungated(names: list[str], namespace: str) -> int:
 
 
 def _two_replicas_and_a_leader() -> tuple[str, str]:
+    # A module before may have left a rolling update of the controller going: helm's wait returned
+    # with one old replica still running, and that replica, taken for the standby, was then stopped
+    # by the rollout while the case waited for it to lead (seen in make e2e after the Kueue cases).
+    kubectl("rollout", "status", "deployment", "-n", RELEASE_NAMESPACE, "-l",
+            "app.kubernetes.io/component=controller", "--timeout=300s", timeout=320)  # fmt: skip
     pods = wait_for(lambda: _controller_pods() if len(_controller_pods()) == 2 else None, timeout=300,
                     what="two running controller replicas")  # fmt: skip
     leader = wait_for(lambda: _holder() if _holder() in pods else None, timeout=120, what="a leader")
