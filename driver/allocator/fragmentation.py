@@ -414,6 +414,15 @@ class Fragmentation:
         self._outside_held[selector] = (version, found)
         return found
 
+    def _fit(self, number: int, node_state: _State, shape: Shape, shape_number: int, selector: int) -> bool:
+        """Whether a node state (its devices' ``number``) has enough devices for the shape; kept."""
+        fit = self._fits.get((number, shape_number))
+        if fit is None:
+            fit = self._fits[(number, shape_number)] = (
+                len(_usable(node_state[1], shape, selector)) >= shape.devices
+            )
+        return fit
+
     def taking(
         self, shape: Shape, request: Request, nodes: Iterable[str], cpu_free: Callable[[str], int]
     ) -> list[str] | None:
@@ -426,12 +435,7 @@ class Fragmentation:
         taking = []
         for node in nodes:
             number, node_state = self._node_state(node, cpu_free(node))
-            fit = self._fits.get((number, shape_number))
-            if fit is None:
-                fit = self._fits[(number, shape_number)] = (
-                    len(_usable(node_state[1], shape, selector)) >= shape.devices
-                )
-            if fit:
+            if self._fit(number, node_state, shape, shape_number, selector):
                 taking.append(node)
         if not taking and request is not None and self._outside(shape.selector, request):
             return None
@@ -459,7 +463,7 @@ class Fragmentation:
         scored: list[tuple[int, bool, int, str]] = []
         fresh: list[tuple[int, int, str, _State, tuple[int, int, int, int]]] = []
         pod_cpu, classify = shape.cpu_millis, bisect.bisect_right
-        fits, free_memory, untouched = self._fits, self._free_memory, self._untouched
+        free_memory, untouched = self._free_memory, self._untouched
         held_states, version_of, known = self._nodes.get, self.state.node_versions.get, len(self._selectors)
         for node in nodes:
             cpu = cpu_free(node)
@@ -473,12 +477,7 @@ class Fragmentation:
             key = (number, shape_number, classify(thresholds, cpu), classify(thresholds, cpu - pod_cpu))
             found = scores.get(key, _UNSCORED)
             if found is _UNSCORED:
-                fit = fits.get((number, shape_number))
-                if fit is None:
-                    fit = fits[(number, shape_number)] = (
-                        len(_usable(node_state[1], shape, selector)) >= shape.devices
-                    )
-                if not fit:
+                if not self._fit(number, node_state, shape, shape_number, selector):
                     scores[key] = None
                     continue
                 # best fit for the order of the fresh: the least free device memory, then least CPU

@@ -9,23 +9,17 @@ nodes without room its devices would fit, so the decider searches only those to 
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
-from driver.controller.gangs.burst import decide_all
 from driver.controller.gangs.decide import Decision
-from driver.controller.gangs.plan import plan_gang
-from driver.controller.view.cache import ClusterCache, Kind
+from driver.controller.view.cache import ClusterCache
 from tests.controller.conftest import NAMESPACE, gated_pod, gpu_claim
-from tests.controller.test_node_room import _bind, _cluster, _stamp
+from tests.controller.test_node_room import _bind, _cluster
+from tests.controller.test_node_room import _decide as _decide_with
 
 
 def _decide(cache: ClusterCache, claim: dict[str, Any], pod: dict[str, Any]) -> Decision:
-    cache.apply(Kind.CLAIM, "ADDED", _stamp(copy.deepcopy(claim)))
-    cache.apply(Kind.POD, "ADDED", _stamp(copy.deepcopy(pod)))
-    [decision] = decide_all(cache, [plan_gang(cache, cache.gang_key(pod))], policy="fragmentation")
-    assert isinstance(decision, Decision)
-    return decision
+    return _decide_with(cache, claim, pod, policy="fragmentation")
 
 
 def _learned(nodes: list[tuple[str, str, str]]) -> ClusterCache:

@@ -59,10 +59,12 @@ def _cluster(nodes: list[tuple[str, str, str]]) -> ClusterCache:
     return cache
 
 
-def _decide(cache: ClusterCache, claim: dict[str, Any], pod: dict[str, Any]) -> Decision:
+def _decide(
+    cache: ClusterCache, claim: dict[str, Any], pod: dict[str, Any], *, policy: str = "best-fit"
+) -> Decision:
     cache.apply(Kind.CLAIM, "ADDED", _stamp(copy.deepcopy(claim)))
     cache.apply(Kind.POD, "ADDED", _stamp(copy.deepcopy(pod)))
-    [decision] = decide_all(cache, [plan_gang(cache, cache.gang_key(pod))], policy="best-fit")
+    [decision] = decide_all(cache, [plan_gang(cache, cache.gang_key(pod))], policy=policy)
     assert isinstance(decision, Decision)
     return decision
 

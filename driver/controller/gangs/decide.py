@@ -345,13 +345,21 @@ class _Nowhere:
 NOWHERE = _Nowhere()
 
 
-def _ranked_nodes(cache: ClusterCache, plan: GangPlan, excluded: frozenset[str]) -> list[str] | None:
-    """``ClusterState.rank_nodes`` for a plan of one free pod (empty: no node takes it); None when
-    the plan is not one such pod or the model does not rank it."""
+def _one_free_pod(plan: GangPlan) -> PodGroup | None:
+    """The plan's group when it is one pod with claims to allocate and no node chosen for it."""
     if len(plan.groups) != 1:
         return None
     group = plan.groups[0]
     if len(group.pods) != 1 or group.pinned_node or group.conflict or not group.pending_claims:
+        return None
+    return group
+
+
+def _ranked_nodes(cache: ClusterCache, plan: GangPlan, excluded: frozenset[str]) -> list[str] | None:
+    """``ClusterState.rank_nodes`` for a plan of one free pod (empty: no node takes it); None when
+    the plan is not one such pod or the model does not rank it."""
+    group = _one_free_pod(plan)
+    if group is None:
         return None
     requests = pod_requests(group.pods[0])
     return cache.state.rank_nodes(
@@ -364,10 +372,8 @@ def _ranked_nodes(cache: ClusterCache, plan: GangPlan, excluded: frozenset[str])
 
 def _nodes_taking(cache: ClusterCache, plan: GangPlan, nodes: Sequence[str]) -> list[str] | None:
     """``ClusterState.nodes_taking`` for a plan of one free pod; None as ``_ranked_nodes``."""
-    if len(plan.groups) != 1:
-        return None
-    group = plan.groups[0]
-    if len(group.pods) != 1 or group.pinned_node or group.conflict or not group.pending_claims:
+    group = _one_free_pod(plan)
+    if group is None:
         return None
     return cache.state.nodes_taking(
         list(group.pending_claims),
