@@ -60,6 +60,17 @@ class ClusterState(ClusterData):
         nodes = [n for n in self.node_names() if n not in exclude_nodes]
         return self._fragmentation.rank(found[0], found[1], nodes, cpu_free)
 
+    def ranks(self, claims: Sequence[Mapping[str, Any]], *, cpu_millis: int) -> bool:
+        """Whether ``rank_nodes`` ranks one pod's ``claims`` (a shape the model scores, and a
+        workload learned), so that the pod is not decided as best-fit decides it. False for claims
+        that cannot be parsed: ``allocate`` raises their error."""
+        if not self._fragmentation.learned():
+            return False
+        try:
+            return self._shape(claims, cpu_millis) is not None
+        except AllocationError:
+            return False
+
     def nodes_taking(
         self,
         claims: Sequence[Mapping[str, Any]],

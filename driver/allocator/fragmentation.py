@@ -191,6 +191,11 @@ class Fragmentation:
 
     # ------------------------------------------------------------ learned workload
 
+    def learned(self) -> bool:
+        """Whether a typical workload is learned, so that ``rank`` ranks the shapes it scores."""
+        self._refresh()
+        return bool(self._weighted)
+
     def _refresh(self) -> None:
         if self.workload.version == self._version:
             return

@@ -3,7 +3,9 @@
 Gangs whose pods are free to go anywhere are placed in one ``allocate_many`` call (a burst packs
 better decided together); the rest, and any gang the burst could not place, are decided one at a
 time afterwards: in its topology's domains (``topology``) or on the whole cluster (``decide``).
-Each allocated decision is assumed into the cache before the next one is made.
+Under the fragmentation policy, a pod whose nodes the model ranks is one of the rest: the model
+ranks its nodes against the cluster as the pods before it left it. Each allocated decision is
+assumed into the cache before the next one is made.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from driver.controller.gangs.decide import (
     demand_key,
     learn_plan,
     node_fit,
+    ranked_by_model,
     room_exclusions,
     without_devices,
 )
@@ -85,8 +88,10 @@ def _burst(
         i for i, plan in enumerate(plans)
         if plan.topology_key is None and not any(g.pinned_node or g.conflict for g in plan.groups)
         and not without_devices(plan)
+        # fragmentation ranks each such pod's nodes in turn; the rest go as under best-fit
+        and not (policy == FRAGMENTATION and ranked_by_model(cache, plan))
     ]  # fmt: skip
-    if len(batch) > 1 and policy != FRAGMENTATION:  # it ranks each pod's nodes in turn
+    if len(batch) > 1:
         exclusions = Exclusions(cache)
         # Each plan's excluded nodes, once per burst: nothing is assumed until the burst is placed,
         # so a retry after a group that did not fit sees the same ones; plans whose smallest pod is

@@ -355,6 +355,15 @@ def _one_free_pod(plan: GangPlan) -> PodGroup | None:
     return group
 
 
+def ranked_by_model(cache: ClusterCache, plan: GangPlan) -> bool:
+    """Whether the fragmentation policy ranks the plan's nodes (one free pod of a shape the model
+    scores, once a workload is learned); every other plan is decided as best-fit decides it."""
+    group = _one_free_pod(plan)
+    if group is None:
+        return False
+    return cache.state.ranks(list(group.pending_claims), cpu_millis=pod_requests(group.pods[0]).cpu_millis)
+
+
 def _ranked_nodes(cache: ClusterCache, plan: GangPlan, excluded: frozenset[str]) -> list[str] | None:
     """``ClusterState.rank_nodes`` for a plan of one free pod (empty: no node takes it); None when
     the plan is not one such pod or the model does not rank it."""
