@@ -28,6 +28,7 @@ class ClusterState(ClusterData):
         super().__init__(topology_label)
         self.workload = Workload()
         self._fragmentation = Fragmentation(self, self.workload)
+        self._cpu_source: Callable[[str], int] | None = None  # ``track_cpu``
 
     def learn(self, claims: Sequence[Mapping[str, Any]], *, cpu_millis: int) -> None:
         """Count one arriving pod (its claims and CPU; no claims: a pod without devices) in the
@@ -42,6 +43,16 @@ class ClusterState(ClusterData):
         if found is not None:
             self.workload.observe(*found)
 
+    def track_cpu(self, source: Callable[[str], int]) -> None:
+        """``source`` gives each node's free CPU and reports each change (``cpu_changed``): the
+        rankings asked with it come from nodes kept in groups (``rank_index``), not from a look at
+        every node."""
+        self._cpu_source = source
+
+    def cpu_changed(self, node: str) -> None:
+        """The free CPU ``track_cpu``'s source gives for ``node`` changed."""
+        self._fragmentation.cpu_changed(node)
+
     def rank_nodes(
         self,
         claims: Sequence[Mapping[str, Any]],
@@ -49,16 +60,20 @@ class ClusterState(ClusterData):
         cpu_millis: int,
         cpu_free: Callable[[str], int],
         exclude_nodes: frozenset[str] | set[str] = frozenset(),
+        limit: int | None = None,
     ) -> list[str] | None:
         """Nodes for one pod's ``claims`` (its CPU ``cpu_millis``; ``cpu_free`` per node), the least
-        added fragment first (``fragmentation``); empty when none can take them. None when the pod
-        is not of a shape the model scores or nothing is learned yet: the caller then lets
-        ``allocate`` choose."""
+        added fragment first (``fragmentation``), the first ``limit`` of them (None: all); empty
+        when none can take them. None when the pod is not of a shape the model scores or nothing is
+        learned yet: the caller then lets ``allocate`` choose."""
         found = self._shape(claims, cpu_millis)
         if found is None:
             return None
+        if self._cpu_source is not None and cpu_free == self._cpu_source:
+            return self._fragmentation.rank_grouped(found[0], found[1], exclude_nodes, cpu_free, limit)
         nodes = [n for n in self.node_names() if n not in exclude_nodes]
-        return self._fragmentation.rank(found[0], found[1], nodes, cpu_free)
+        ranked = self._fragmentation.rank(found[0], found[1], nodes, cpu_free)
+        return ranked if ranked is None or limit is None else ranked[:limit]
 
     def ranks(self, claims: Sequence[Mapping[str, Any]], *, cpu_millis: int) -> bool:
         """Whether ``rank_nodes`` ranks one pod's ``claims`` (a shape the model scores, and a

@@ -32,6 +32,10 @@ What differs from FGD:
   nodes alike share one and a node costs a lookup until its devices or its class change; at most
   ``FRESH_SCORES`` scores not kept are computed per decision (nodes in best-fit order), so a
   decision stays within milliseconds at thousands of nodes whatever the shape.
+- Nodes kept in groups (``rank_index``): ``rank_grouped`` scores each group of nodes alike (devices
+  and free CPU) once, and visits only the nodes it returns, where ``rank`` visits every node given.
+  It needs each change of a node's free CPU reported (``cpu_changed``); the state reports each
+  change of its devices.
 
 Pure: the caller says how much CPU each node has free (``cpu_free``).
 """
@@ -39,15 +43,15 @@ Pure: the caller says how much CPU each node has free (``cpu_free``).
 from __future__ import annotations
 
 import bisect
-import functools
+import heapq
 import math
-import zlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from driver.allocator.celenv import SelectorError, evaluate_selector
 from driver.allocator.model import Claim, Device, Request
+from driver.allocator.rank_index import NodeGroups, tie
 from driver.allocator.state import ClusterData
 
 __all__ = ["FRESH_SCORES", "KEPT_POD_SELECTORS", "WHOLE", "Fragmentation", "Shape", "Workload", "shape_of"]
@@ -188,6 +192,13 @@ class Fragmentation:
         self._free_memory: list[int] = []  # per devices' number: their free memory
         self._untouched: list[bool] = []  # per devices' number: none of their memory is taken
         self._state_terms: dict[_Devices, tuple[int, list[tuple[int, int]]]] = {}
+        self._devices_of: list[_Devices] = []  # per devices' number: the devices
+        # ``rank_grouped``'s groups, valid while no node's devices' number changed meaning; the
+        # nodes whose devices (the state reports them) or free CPU (``cpu_changed``) changed since
+        self._groups = NodeGroups()
+        self._groups_valid = False
+        self._group_names: list[str] | None = None  # the state's node list the groups were taken from
+        self._changed = state.watch_nodes()
 
     # ------------------------------------------------------------ learned workload
 
@@ -221,6 +232,8 @@ class Fragmentation:
         self._fits.clear()
         self._free_memory.clear()
         self._untouched.clear()
+        self._devices_of.clear()
+        self._groups_valid = False
 
     def _carry_accepts(self, before: list[tuple[Any, ...]]) -> None:
         """Keep each device's answers for the selectors known before and again now (``_selectors``
@@ -290,11 +303,14 @@ class Fragmentation:
                 self._fits.clear()
                 self._free_memory.clear()
                 self._untouched.clear()
+                self._devices_of.clear()
                 self._scores.clear()
                 self._nodes.clear()
+                self._groups_valid = False
             number = self._state_numbers[state[1]] = len(self._state_numbers)
             self._free_memory.append(sum(free for _, free, _ in state[1]))
             self._untouched.append(all(free == total for total, free, _ in state[1]))
+            self._devices_of.append(state[1])
         self._nodes[node] = (version, cpu_free, state, number, selectors)
         return number, state
 
@@ -389,9 +405,11 @@ class Fragmentation:
         if self.state.global_version != self._global_version:  # every node's version moved
             self._global_version = self.state.global_version
             self._nodes.clear()
+            self._groups_valid = False
         if shape.selector not in self._selectors:
             self._selectors.append(shape.selector)
             self._requests[shape.selector] = request
+            self._groups_valid = False  # every node's devices get one more answer: a new number
         return self._selectors.index(shape.selector)
 
     def _outside(self, selector: tuple[Any, ...], request: Request) -> bool:
@@ -488,7 +506,7 @@ class Fragmentation:
                 # best fit for the order of the fresh: the least free device memory, then least CPU
                 fresh.append((free_memory[number], cpu, node, node_state, key))
             elif isinstance(found, int):
-                scored.append((found, untouched[number], _tie(node), node))
+                scored.append((found, untouched[number], tie(node), node))
         fresh.sort()
         rest: list[str] = []
         computed = 0
@@ -505,12 +523,138 @@ class Fragmentation:
                     scores.clear()
                 scores[key] = found
             if isinstance(found, int):
-                scored.append((found, untouched[key[0]], _tie(node), node))
+                scored.append((found, untouched[key[0]], tie(node), node))
         scored.sort()
         ranked = [node for _, _, _, node in scored] + rest
         if not ranked and request is not None and self._outside(shape.selector, request):
             return None  # devices the model does not see may take it: not "fits nowhere"
         return ranked
+
+    # ------------------------------------------------------------ the same ranking, from groups
+
+    def cpu_changed(self, node: str) -> None:
+        """``node``'s free CPU changed (``rank_grouped``'s source of it says so)."""
+        self._changed.add(node)
+
+    def rank_grouped(
+        self,
+        shape: Shape,
+        request: Request | None,
+        exclude: Collection[str],
+        cpu_free: Callable[[str], int],
+        limit: int | None = None,
+    ) -> list[str] | None:
+        """``rank`` of every node of the state but ``exclude``: the same nodes in the same order,
+        its first ``limit`` only (None: all). Each group of nodes alike is scored once, and only the
+        nodes returned are visited. ``cpu_free`` must report each of its changes (``cpu_changed``)."""
+        selector = self._prepare(shape, request)
+        if selector is None:
+            return None
+        self._sync_groups(cpu_free)
+        scores = self._scores
+        shape_number = self._shape_numbers.setdefault(shape, len(self._shape_numbers))
+        thresholds = self._thresholds
+        pod_cpu, classify = shape.cpu_millis, bisect.bisect_right
+        free_memory, untouched, devices_of = self._free_memory, self._untouched, self._devices_of
+        scored: list[tuple[int, bool, list[tuple[int, str]]]] = []
+        fresh: list[tuple[int, int, str, int, tuple[int, int, int, int], list[tuple[int, str]]]] = []
+        for (number, cpu), members in self._groups.groups.items():
+            if cpu < pod_cpu:
+                continue
+            key = (number, shape_number, classify(thresholds, cpu), classify(thresholds, cpu - pod_cpu))
+            found = scores.get(key, _UNSCORED)
+            if found is _UNSCORED:
+                if not self._fit(number, (cpu, devices_of[number]), shape, shape_number, selector):
+                    scores[key] = None
+                    continue
+                # ``rank`` meets the nodes of keys not scored in best-fit order, then by name
+                first = min((node for _, node in members if node not in exclude), default=None)
+                if first is not None:
+                    fresh.append((free_memory[number], cpu, first, number, key, members))
+            elif isinstance(found, int):
+                scored.append((found, untouched[number], members))
+        fresh.sort(key=lambda entry: entry[:3])
+        rest: list[tuple[int, int, list[tuple[int, str]]]] = []
+        computed = 0
+        for free, cpu, _, number, key, members in fresh:
+            found = scores.get(key, _UNSCORED)  # a group before it in this pass may share its key
+            if found is _UNSCORED:
+                if computed >= FRESH_SCORES:
+                    rest.append((free, cpu, members))
+                    continue
+                computed += 1
+                node_state = (cpu, devices_of[number])
+                delta = self._delta(node_state, shape, selector)
+                found = None if delta is None else _score(delta, node_state)
+                if len(scores) > 500_000:
+                    scores.clear()
+                scores[key] = found
+            if isinstance(found, int):
+                scored.append((found, untouched[number], members))
+        scored.sort(key=lambda entry: entry[:2])
+        ranked = _first_members(scored, exclude, limit)
+        if rest and (limit is None or len(ranked) < limit):
+            left = sorted(
+                (free, cpu, node) for free, cpu, members in rest for _, node in members if node not in exclude
+            )
+            ranked.extend(node for _, _, node in left[: None if limit is None else limit - len(ranked)])
+        if not ranked and request is not None and self._outside(shape.selector, request):
+            return None  # devices the model does not see may take it: not "fits nowhere"
+        return ranked
+
+    def _sync_groups(self, cpu_free: Callable[[str], int]) -> None:
+        """Bring the groups up to date: the changed nodes moved, nodes come and gone, or every node
+        grouped anew where the devices' numbers changed meaning."""
+        names = self.state.node_names()
+        if self._groups_valid and names is not self._group_names:
+            known = set(names)
+            for node in self._groups.nodes():
+                if node not in known:
+                    self._groups.remove(node)
+            for node in names:
+                if node not in self._groups:
+                    self._regroup(node, cpu_free)
+            self._group_names = names
+        if self._groups_valid and self._changed:
+            changed = list(self._changed)
+            self._changed.clear()
+            for node in changed:
+                if node in self._groups:  # else not one of the state's nodes
+                    self._regroup(node, cpu_free)
+        while not self._groups_valid:  # again if the numbers are forgotten on the way (``_node_state``)
+            self._groups_valid = True
+            self._groups.clear()
+            self._changed.clear()
+            for node in names:
+                self._regroup(node, cpu_free)
+            self._group_names = names
+
+    def _regroup(self, node: str, cpu_free: Callable[[str], int]) -> None:
+        cpu = cpu_free(node)
+        number, _ = self._node_state(node, cpu)
+        self._groups.place(node, (number, cpu))
+
+
+def _first_members(
+    scored: list[tuple[int, bool, list[tuple[int, str]]]], exclude: Collection[str], limit: int | None
+) -> list[str]:
+    """The nodes of groups sorted by (score, untouched), each run of equal ones in ``tie`` order,
+    but ``exclude``: the first ``limit`` (None: all)."""
+    ranked: list[str] = []
+    start = 0
+    while start < len(scored) and (limit is None or len(ranked) < limit):
+        end = start + 1
+        while end < len(scored) and scored[end][:2] == scored[start][:2]:
+            end += 1
+        runs = [members for _, _, members in scored[start:end]]
+        for _, node in runs[0] if len(runs) == 1 else heapq.merge(*runs):
+            if node in exclude:
+                continue
+            ranked.append(node)
+            if limit is not None and len(ranked) >= limit:
+                break
+        start = end
+    return ranked
 
 
 _UNSCORED = object()
@@ -523,12 +667,6 @@ def _usable(devices: _Devices, shape: Shape, selector: int) -> list[int]:
         i for i, (size, free, accepts) in enumerate(devices)
         if accepts[selector] and ((free == size) if memory == WHOLE else free >= memory)
     ]  # fmt: skip
-
-
-@functools.lru_cache(maxsize=65_536)
-def _tie(node: str) -> int:
-    """A node's place in the one fixed pseudo-random order that breaks ties."""
-    return zlib.crc32(node.encode())
 
 
 def _score(delta: float, node_state: _State) -> int:

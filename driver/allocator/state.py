@@ -127,6 +127,7 @@ class ClusterData:
         self._dirty: dict[str, None] = {}
         self._all_dirty = False
         self._node_versions: dict[str, int] = {}
+        self._node_watchers: list[set[str]] = []  # ``watch_nodes``
         self.global_version = 0
         self.inventory_version = 0  # changes with every slice stored or removed
         self._claims: dict[str, tuple[LedgerEntry, ...]] = {}
@@ -354,6 +355,8 @@ class ClusterData:
             return
         node, device = home
         self._node_versions[node] = self._node_versions.get(node, 0) + 1
+        for watcher in self._node_watchers:
+            watcher.add(node)
         self._index_device(node, device)
 
     # ------------------------------------------------------------ CommittedState for the search
@@ -451,6 +454,13 @@ class ClusterData:
         of nodes and watch ``global_version`` themselves. Read only."""
         return self._node_versions
 
+    def watch_nodes(self) -> set[str]:
+        """A set that each node is added to whenever its version (``node_versions``) moves; the
+        caller empties it as it reads it. ``global_version`` moving is not in it."""
+        watcher: set[str] = set()
+        self._node_watchers.append(watcher)
+        return watcher
+
     def refresh(self) -> None:
         """Rebuild the views and index entries of dirty nodes."""
         if self._all_dirty:
@@ -464,6 +474,8 @@ class ClusterData:
         for node in dirty:
             self._views.pop(node, None)
             self._node_versions[node] = self._node_versions.get(node, 0) + 1
+            for watcher in self._node_watchers:
+                watcher.add(node)
             for device_id in self._node_items.pop(node, ()):
                 home = self._device_home.pop(device_id, None)
                 if home is not None and home[1].memory_key is not None:

@@ -113,3 +113,23 @@ def test_a_burst_of_shares_the_model_does_not_score_packs_as_under_best_fit() ->
     assert len(set(best_fit)) == 2  # 3 shares of 12Gi on each 40Gi A100
     assert _burst(_cluster(nodes), 6, "fragmentation") == best_fit
     assert _burst(_learned(nodes), 6, "fragmentation") == best_fit
+
+
+def test_the_cache_reports_each_change_of_a_nodes_free_cpu_to_the_ranking() -> None:
+    # The ranking keeps nodes grouped by devices and free CPU; a node whose CPU a bound pod takes
+    # must move, or the ranking would offer a node without the CPU (rank_index).
+    nodes = [(name, "l4-2x", "16") for name in ("a", "b", "c")]
+    cache = _learned(nodes)
+    claims = [gpu_claim("probe", memory="4Gi", compute=None)]
+
+    def ranked(cpu_free: Any) -> list[str] | None:
+        return cache.state.rank_nodes(claims, cpu_millis=4000, cpu_free=cpu_free)
+
+    before = ranked(cache.cpu_free)
+    assert before == ranked(lambda node: cache.cpu_free(node)) and before is not None and len(before) == 3
+    busy = gated_pod("busy", [], cpu="14")
+    cache.apply(Kind.POD, "ADDED", _stamp(copy.deepcopy(busy)))
+    _bind(cache, busy, before[0])
+    after = ranked(cache.cpu_free)
+    assert after == ranked(lambda node: cache.cpu_free(node))
+    assert after is not None and before[0] not in after  # 2 CPUs left there, the pod asks 4

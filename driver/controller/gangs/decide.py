@@ -365,8 +365,8 @@ def ranked_by_model(cache: ClusterCache, plan: GangPlan) -> bool:
 
 
 def _ranked_nodes(cache: ClusterCache, plan: GangPlan, excluded: frozenset[str]) -> list[str] | None:
-    """``ClusterState.rank_nodes`` for a plan of one free pod (empty: no node takes it); None when
-    the plan is not one such pod or the model does not rank it."""
+    """``ClusterState.rank_nodes`` for a plan of one free pod, its first ``RANKED_TRIES`` nodes
+    (empty: no node takes it); None when the plan is not one such pod or the model does not rank it."""
     group = _one_free_pod(plan)
     if group is None:
         return None
@@ -376,6 +376,7 @@ def _ranked_nodes(cache: ClusterCache, plan: GangPlan, excluded: frozenset[str])
         cpu_millis=requests.cpu_millis,
         cpu_free=cache.cpu_free,
         exclude_nodes=excluded,
+        limit=RANKED_TRIES,
     )
 
 

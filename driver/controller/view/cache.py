@@ -159,6 +159,7 @@ class ClusterCache:
     def __init__(self, *, topology_label: str) -> None:
         self.lock = threading.RLock()
         self.state = ClusterState(topology_label=topology_label)
+        self.state.track_cpu(self.cpu_free)  # reported from ``_room_changed``
         self._objects: dict[Kind, dict[ObjectKey, dict[str, Any]]] = {kind: {} for kind in Kind}
         self._gang_pods: dict[GangKey, set[ObjectKey]] = defaultdict(set)
         self._pod_gang: dict[ObjectKey, GangKey] = {}
@@ -661,6 +662,7 @@ class ClusterCache:
         else:
             usage = self._usage.get(node)
             self._cpu_free[node] = allocatable.cpu_millis - (0 if usage is None else usage.cpu_millis)
+        self.state.cpu_changed(node)
         self._room_changes.append(node)
         if len(self._room_changes) > MAX_ROOM_CHANGES:  # memos older than this look at every node
             self._room_base += len(self._room_changes)
