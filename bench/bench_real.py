@@ -25,7 +25,8 @@ Cases:
   20 %, drawn independently) until 30 % of their memory is asked, measured; then up to 65 % and five
   rounds of churn (a fifth of the pods deleted, as much memory arrives), measured: GPUs touched, whole
   GPUs free, and how many 8-GPU pods still fit (Nodes with all 8 free). The same trace (names, sizes,
-  departures) for both paths;
+  departures) for both paths, and for ours once more under ``--policy best-fit`` (``ours-best-fit``;
+  ``ours`` is the controller's default policy, fragmentation);
 - **backlog, kube-scheduler at 500 qps**: the backlog again, kube-scheduler restarted with its
   client limits raised from its defaults (50 requests per second, bursts of 100), and our
   controller's with them: which of the two limits the path;
@@ -92,6 +93,9 @@ GPU_MEMORY_GI = 79
 SCHEDULER_USER = "system:kube-scheduler"
 CONTROLLER_USER = "fractional-controller"
 PATHS = ("kube-scheduler", "ours")
+# The packing case also runs our controller under best-fit (``--policy best-fit``): "ours" runs its
+# default policy (fragmentation), and the synthetic churn must not get worse under it.
+PACKING_PATHS = (*PATHS, "ours-best-fit")
 RAISED_QPS = 500
 AUDIT_POLICY = {
     "apiVersion": "audit.k8s.io/v1",
@@ -434,7 +438,11 @@ class Run:
 
     @property
     def gated(self) -> bool:
-        return self.path == "ours"
+        return self.path.startswith("ours")
+
+    @property
+    def policy_args(self) -> list[str]:
+        return ["--policy", "best-fit"] if self.path == "ours-best-fit" else []
 
     def start_controller(self) -> None:
         """Our controller for our path (and for the guarded one); then one pod through the path."""
@@ -448,7 +456,7 @@ class Run:
             self.controller = subprocess.Popen(
                 [sys.executable, "-m", "driver", "controller", "--kubeconfig", kubeconfig, "--metrics-port",
                  "0", "--log-level", "warning", "--kube-api-qps", str(self.qps), "--kube-api-burst",
-                 str(2 * self.qps), *guard],
+                 str(2 * self.qps), *guard, *self.policy_args],
                 cwd=ROOT, stdout=log, stderr=log,
             )  # fmt: skip
         if self.guard:
@@ -830,7 +838,8 @@ def main(argv: list[str]) -> int:
             repeats = max(1, args.gang_repeats) if name == "gang" else 1
             for repeat in range(repeats):
                 # Interleaved: who goes first alternates, from case to case and from repeat to repeat.
-                order = PATHS if (index + repeat) % 2 == 0 else tuple(reversed(PATHS))
+                paths = PACKING_PATHS if name == "packing" else PATHS
+                order = paths if (index + repeat) % 2 == 0 else tuple(reversed(paths))
                 for path in order:
                     run = Run(cluster, api, binds, path)
                     run.start_controller()
@@ -939,6 +948,11 @@ def ratios(rows: list[dict[str, Any]]) -> str:
             lines.append(f"- whole GPUs free after {phase}: {ours['gpus_free'] / theirs['gpus_free']:.2f}x "
                          f"({ours['gpus_free']} against {theirs['gpus_free']}); 8-GPU pods that fit: "
                          f"{ours['free_8gpu_nodes']} against {theirs['free_8gpu_nodes']}")  # fmt: skip
+        best_fit = pick("packing", "ours-best-fit", phase)
+        if ours and best_fit:
+            lines.append(f"- our default policy (fragmentation) against ours under best-fit, after {phase}: "
+                         f"{ours['gpus_free']} whole GPUs free against {best_fit['gpus_free']}, "
+                         f"{ours['gpus_touched']} touched against {best_fit['gpus_touched']}")  # fmt: skip
     for case, key, word in (("backlog, allocation guard", "pods_per_s", "throughput"),
                             ("stream, allocation guard", "p50_s", "median latency")):  # fmt: skip
         plain, guarded = pick(case, "kube-scheduler"), pick(case, "kube-scheduler, guarded")

@@ -55,16 +55,16 @@ from bench.fgd_trace import (
 )
 
 POLICIES = ("best-fit", "fgd", "ours")
-# The controller with --policy fragmentation, and with CPU-only pods placed by it too (their namespace
-# labelled fractional.dev/placement=all-pods), each opt-in.
-EXTRA_POLICIES = ("ours-all-pods", "ours-fragmentation", "ours-fragmentation-all-pods")
+# The controller with CPU-only pods placed by it too (their namespace labelled
+# fractional.dev/placement=all-pods, opt-in), and the controller under --policy best-fit.
+EXTRA_POLICIES = ("ours-all-pods", "ours-best-fit", "ours-best-fit-all-pods")
 TABLE_POLICIES = (
     "best-fit",
     "fgd",
     "ours",
     "ours-all-pods",
-    "ours-fragmentation",
-    "ours-fragmentation-all-pods",
+    "ours-best-fit",
+    "ours-best-fit-all-pods",
 )
 NODE_FILE = "openb_node_list_gpu_node.csv"
 
@@ -110,8 +110,9 @@ def parse_seeds(text: str) -> list[int]:
 def new_policy(name: str, nodes: Sequence[TraceNode], run: Any) -> Policy:
     if name.startswith("ours"):
         from bench.trace_ours import OursPolicy  # the controller's import cost only where it runs
+        from driver.config import DEFAULT_POLICY
 
-        policy = "fragmentation" if "fragmentation" in name else "best-fit"  # the controller's default
+        policy = "best-fit" if name.startswith("ours-best-fit") else DEFAULT_POLICY
         return OursPolicy(nodes, seed=run.seed, policy=policy, all_pods=name.endswith("-all-pods"))
     return make_policy(name, nodes, run)
 
@@ -252,13 +253,13 @@ decide_all, the allocator; bench/trace_ours.py). Mapping: a trace GPU is one dev
 of memory, a share of m milli asks for m x 256 MiB (so shares fit one GPU exactly when their milli
 add up to 1,000; compute is not asked), a whole GPU asks for a device with no capacity, gpu_spec is a
 CEL selector on our productName attribute, and a node's allocatable is the trace's CPU and memory.
-"ours" is the default install: best-fit, and CPU-only pods placed as kube-scheduler's default
-profile would (bench/trace_ours.py: KubeSchedulerDefault). "ours-all-pods": the namespace opted in
-(fractional.dev/placement=all-pods), so the controller places the CPU-only pods too (best-fit: on
-nodes whose GPUs are taken already). "ours-fragmentation": --policy fragmentation, CPU-only pods
-placed as kube-scheduler's default profile would; "ours-fragmentation-all-pods": --policy
-fragmentation and the namespace opted in. Under fragmentation the typical workload is learned from
-the pods as they arrive, each once, CPU-only pods included (driver/allocator/fragmentation.py).
+"ours" is the default install: the controller's default policy (fragmentation), and CPU-only pods
+placed as kube-scheduler's default profile would (bench/trace_ours.py: KubeSchedulerDefault).
+"ours-all-pods": the namespace opted in (fractional.dev/placement=all-pods), so the controller
+places the CPU-only pods too. "ours-best-fit" and "ours-best-fit-all-pods": the same with
+--policy best-fit (CPU-only pods of an opted-in namespace then go to nodes whose GPUs are taken
+already). Under fragmentation the typical workload is learned from the pods as they arrive, each
+once, CPU-only pods included (driver/allocator/fragmentation.py).
 Decision time: the controller's
 in-process time per pod (median of the runs' medians, and the largest p99), this machine, the runs
 two at a time on its two cores."""

@@ -37,6 +37,7 @@ from typing import Any
 
 from bench.fgd_trace import GpuAssignment, Placement, TraceNode, TracePod
 from driver.allocator.quantity import parse_quantity
+from driver.config import DEFAULT_POLICY
 from driver.controller.gangs.burst import decide_all
 from driver.controller.gangs.decide import Decision
 from driver.controller.gangs.plan import plan_gang
@@ -169,7 +170,7 @@ class OursPolicy:
     name = "ours"
 
     def __init__(
-        self, nodes: Sequence[TraceNode], *, seed: int, policy: str = "best-fit", all_pods: bool = False
+        self, nodes: Sequence[TraceNode], *, seed: int, policy: str = DEFAULT_POLICY, all_pods: bool = False
     ) -> None:
         self.nodes = list(nodes)
         self.all_pods = all_pods

@@ -19,6 +19,7 @@ from typing import Any
 
 from driver.config import (
     DEFAULT_IGNORED_XIDS,
+    DEFAULT_POLICY,
     ApiServerConfig,
     ControllerConfig,
     DemoConfig,
@@ -108,6 +109,14 @@ def _add_backend_override(p: argparse.ArgumentParser) -> None:
         help="let a claim's own GpuConfig pick the sharing backend (sharing.backend); false: only the node's "
         "--sharing and the DeviceClass's config decide, and such a claim is refused naming the field",
     )  # fmt: skip
+
+
+def _add_policy(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--policy",
+        default=_env("--policy", DEFAULT_POLICY),
+        help="fragmentation (the default) | best-fit | first-fit",
+    )
 
 
 def _env_bool(flag: str, default: bool = False) -> bool:
@@ -294,9 +303,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("controller", help="run the allocation controller")
     _add_kubeconfig(p)
-    p.add_argument(
-        "--policy", default=_env("--policy", "best-fit"), help="best-fit | first-fit | fragmentation"
-    )
+    _add_policy(p)
     p.add_argument(
         "--leader-elect",
         action="store_true",
@@ -456,9 +463,7 @@ def _build_parser() -> argparse.ArgumentParser:
         "--claims", default=_env("--claims", None), required=env_name("--claims") not in os.environ,
         help="YAML: a gangs document, or ResourceClaims/templates with the workloads that use them",
     )  # fmt: skip
-    p.add_argument(
-        "--policy", default=_env("--policy", "best-fit"), help="best-fit | first-fit | fragmentation"
-    )
+    _add_policy(p)
     p.add_argument("-o", "--output", default=_env("--output", "table"), help="table | yaml | json")
     p.add_argument(
         "--kueue", action="store_true", default=_env_bool("--kueue"),
@@ -504,9 +509,7 @@ def _build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("why", help="why a pod is still gated or pending")
     p.add_argument("pod", metavar="NAMESPACE/POD")
     _add_kubeconfig(p)
-    p.add_argument(
-        "--policy", default=_env("--policy", "best-fit"), help="best-fit | first-fit | fragmentation"
-    )
+    _add_policy(p)
     _add_common(p, default_level="warning")
     return parser
 

@@ -14,6 +14,7 @@ from driver.errors import ConfigError
 from driver.gang_sources import parse_gang_sources
 
 __all__ = [
+    "DEFAULT_POLICY",
     "check_profile",
     "ApiServerConfig",
     "ControllerConfig",
@@ -29,6 +30,8 @@ __all__ = [
 BACKENDS = ("fake", "nvml")
 SHARING_BACKENDS = ("mps", "hami", "none")
 POLICIES = ("fragmentation", "best-fit", "first-fit")
+# The controller's placement policy unless --policy says otherwise (docs/architecture.md, Packing).
+DEFAULT_POLICY = "fragmentation"
 DEFAULT_IGNORED_XIDS = (13, 31, 43, 45, 68, 109)
 
 
@@ -180,7 +183,7 @@ class PluginConfig:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ControllerConfig:
     kubeconfig: str | None = None
-    policy: str = "best-fit"
+    policy: str = DEFAULT_POLICY
     leader_elect: bool = False
     lease_name: str = "fractional-dra-controller"
     lease_namespace: str = "default"
@@ -313,7 +316,7 @@ class ControllerConfig:
 class PlanConfig:
     profile: str
     claims: str
-    policy: str = "best-fit"
+    policy: str = DEFAULT_POLICY
     output: str = "table"
     kueue: bool = False  # also print what Kueue charges per claim and what a node counts
 
@@ -363,7 +366,7 @@ class StatusConfig:
 class WhyConfig:
     pod: str  # "namespace/name"
     kubeconfig: str | None = None
-    policy: str = "best-fit"
+    policy: str = DEFAULT_POLICY
 
     def __post_init__(self) -> None:
         namespace, _, name = self.pod.partition("/")

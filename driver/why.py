@@ -23,7 +23,7 @@ from typing import Any, cast
 
 from driver import DRIVER_NAME
 from driver.allocator import ClusterState
-from driver.config import WhyConfig
+from driver.config import DEFAULT_POLICY, WhyConfig
 from driver.controller.diagnosis.explain import best_node_offer, describe_demand, format_bytes
 from driver.controller.gangs.nodefit import node_admits_pod
 from driver.controller.gangs.plan import PodGroup
@@ -249,7 +249,7 @@ def _holder(pod: Mapping[str, Any], impossible: Sequence[str] = ()) -> list[str]
     return lines
 
 
-def explain_pod(pod: dict[str, Any], view: ClusterView, *, policy: str = "best-fit") -> list[str]:
+def explain_pod(pod: dict[str, Any], view: ClusterView, *, policy: str = DEFAULT_POLICY) -> list[str]:
     """The lines ``fractional why`` prints (pure: reads only its arguments)."""
     meta = pod["metadata"]
     namespace, name = meta["namespace"], meta["name"]

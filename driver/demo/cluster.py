@@ -24,6 +24,7 @@ from typing import IO, Any, cast
 
 from kubernetes import client
 
+from driver.config import DEFAULT_POLICY
 from driver.demo.objects import build_device_classes, build_node
 from driver.errors import FractionalError
 from driver.kube import REQUEST_TIMEOUT_SECONDS, api_errors, new_api_client
@@ -72,7 +73,7 @@ class DemoNode:
 class FakeCluster:
     nodes_spec: list[tuple[str, str, str]]  # (name, profile, zone)
     runtime_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="fractional-demo-")))
-    policy: str = "best-fit"
+    policy: str = DEFAULT_POLICY
     api_server: Any = None
     nodes: list[DemoNode] = field(default_factory=list)
     controller: subprocess.Popen[bytes] | None = None

@@ -22,6 +22,7 @@ from chart_support import (
 )
 
 from driver.cli import _build_parser, build_controller_config, build_plugin_config
+from driver.config import DEFAULT_POLICY, ControllerConfig
 
 PROFILES_DIR = "/etc/fractional-dra/profiles"
 
@@ -601,3 +602,11 @@ def test_default_image_is_what_make_image_builds() -> None:
     app_version = yaml.safe_load((CHART_DIR / "Chart.yaml").read_text(encoding="utf-8"))["appVersion"]
     released = render_chart({"image": {"repository": "ghcr.io/example/fractional-dra", "tag": ""}})
     assert _pod_images(released) == {f"ghcr.io/example/fractional-dra:{app_version}"}
+
+
+def test_the_charts_default_policy_is_the_controllers_own() -> None:
+    """fragmentation is the default of the chart, of ``fractional controller`` and of its config."""
+    controller_pod = one(render_chart(None), "Deployment", "-controller")["spec"]["template"]["spec"]
+    policy = env_of(container(controller_pod, "controller"))["FRACTIONAL_POLICY"]
+    assert policy == DEFAULT_POLICY == ControllerConfig().policy == "fragmentation"
+    assert _build_parser().parse_args(["controller"]).policy == DEFAULT_POLICY

@@ -27,6 +27,7 @@ from typing import Any
 
 from kubernetes import client
 
+from driver.config import DEFAULT_POLICY
 from driver.controller.kueue.check import (
     CONTROLLER_NAME,
     POD_SET_ANNOTATION,
@@ -67,7 +68,7 @@ KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta2"
 
 @dataclass(frozen=True, slots=True)
 class KueueCheckSettings:
-    policy: str = "best-fit"
+    policy: str = DEFAULT_POLICY
     topology_label: str = "topology.kubernetes.io/zone"
     hint_profiles: tuple[str, ...] = ()  # shapes for "would fit on more nodes"; empty: the cluster's own
     reservation_seconds: float = 600.0  # how long an admitted workload's placement is held for its pods

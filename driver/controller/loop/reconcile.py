@@ -34,6 +34,7 @@ from typing import Any
 
 from driver import DRIVER_NAME
 from driver.allocator import check_no_claim_backend
+from driver.config import DEFAULT_POLICY
 from driver.controller.consolidation.consolidator import ConsolidationSettings, Consolidator
 from driver.controller.diagnosis.explain import NodeOffer, best_node_offer, describe_demand
 from driver.controller.gangs.burst import decide_all
@@ -91,7 +92,7 @@ ORPHAN_GRACE_SECONDS = 15.0
 
 @dataclass(frozen=True, slots=True)
 class ReconcilerSettings:
-    policy: str = "best-fit"
+    policy: str = DEFAULT_POLICY
     hint_profiles: tuple[str, ...] = ()
     provisioning_requests: bool = False
     provisioning_class: str = "best-effort-atomic-scale-up.autoscaling.x-k8s.io"
