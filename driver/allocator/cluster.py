@@ -8,7 +8,7 @@ groups at once (``batch``). Data lives below in ``state``; the decisions above i
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 from typing import Any
 
 from driver.allocator.batch import place_many
@@ -105,11 +105,22 @@ class ClusterState(ClusterData):
         return shape_of(parse_claims(self, claims, "best-fit"), cpu_millis)
 
     def rank_nodes_without_devices(
-        self, *, cpu_millis: int, cpu_free: Callable[[str], int], nodes: Sequence[str]
+        self,
+        *,
+        cpu_millis: int,
+        cpu_free: Callable[[str], int],
+        exclude_nodes: Container[str] = frozenset(),
+        limit: int | None = None,
     ) -> list[str] | None:
-        """``nodes`` for a pod that asks for no devices, the least device memory its CPU strands for
-        the typical workload first (``fragmentation``); None until a workload is learned."""
-        return self._fragmentation.rank(Shape(cpu_millis, 0, WHOLE, ()), None, nodes, cpu_free)
+        """Nodes for a pod that asks for no devices, the least device memory its CPU strands for
+        the typical workload first (``fragmentation``), the first ``limit`` (None: all); None until
+        a workload is learned."""
+        shape = Shape(cpu_millis, 0, WHOLE, ())
+        if self._cpu_source is not None and cpu_free == self._cpu_source:
+            return self._fragmentation.rank_grouped(shape, None, exclude_nodes, cpu_free, limit)
+        nodes = [n for n in self.node_names() if n not in exclude_nodes]
+        ranked = self._fragmentation.rank(shape, None, nodes, cpu_free)
+        return ranked if ranked is None or limit is None else ranked[:limit]
 
     def allocate(
         self,

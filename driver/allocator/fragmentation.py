@@ -45,7 +45,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -540,7 +540,7 @@ class Fragmentation:
         self,
         shape: Shape,
         request: Request | None,
-        exclude: Collection[str],
+        exclude: Container[str],
         cpu_free: Callable[[str], int],
         limit: int | None = None,
     ) -> list[str] | None:
@@ -636,7 +636,7 @@ class Fragmentation:
 
 
 def _first_members(
-    scored: list[tuple[int, bool, list[tuple[int, str]]]], exclude: Collection[str], limit: int | None
+    scored: list[tuple[int, bool, list[tuple[int, str]]]], exclude: Container[str], limit: int | None
 ) -> list[str]:
     """The nodes of groups sorted by (score, untouched), each run of equal ones in ``tie`` order,
     but ``exclude``: the first ``limit`` (None: all)."""

@@ -108,3 +108,11 @@ def test_the_grouped_ranking_equals_the_look_at_every_node(seed: int) -> None:
             state, cpu, probe, rng.choice((0, 1000, 8000)), exclude, rng.choice((None, 1, 4))
         )
         assert grouped == every
+        pod_cpu, limit = rng.choice((0, 1000, 8000)), rng.choice((None, 1))
+        grouped = state.rank_nodes_without_devices(
+            cpu_millis=pod_cpu, cpu_free=cpu.of, exclude_nodes=exclude, limit=limit
+        )
+        every = state.rank_nodes_without_devices(
+            cpu_millis=pod_cpu, cpu_free=lambda n: cpu.of(n), exclude_nodes=exclude, limit=limit
+        )
+        assert grouped == every  # a pod without devices

@@ -316,13 +316,16 @@ def _node_for_pod_without_devices(
     by name. Nodes without a hostname label cannot be pinned and are left out."""
     pod = plan.groups[0].pods[0]
     requests = pod_requests(pod)
-    nodes = [name for name in cache.state.node_names() if name not in excluded and cache.hostname(name)]
     chosen: str | None = None
     if policy == FRAGMENTATION:
         ranked = cache.state.rank_nodes_without_devices(
-            cpu_millis=requests.cpu_millis, cpu_free=cache.cpu_free, nodes=nodes
+            cpu_millis=requests.cpu_millis,
+            cpu_free=cache.cpu_free,
+            exclude_nodes=_Unpinnable(cache, excluded),
+            limit=1,
         )
         chosen = ranked[0] if ranked else None
+    nodes = [] if chosen else [n for n in cache.state.node_names() if n not in excluded and cache.hostname(n)]
     if chosen is None and nodes:
         if policy == "first-fit":
             chosen = min(nodes)
@@ -336,6 +339,17 @@ def _node_for_pod_without_devices(
             short_of="CPU",
         )
     return Decision(outcome="allocated", pod_nodes=((pod, chosen),))
+
+
+class _Unpinnable:
+    """The nodes a pod without devices may not go to: those ``excluded``, and those without a
+    hostname label to pin it with (asked only of the nodes a ranking offers)."""
+
+    def __init__(self, cache: ClusterCache, excluded: frozenset[str]) -> None:
+        self._cache, self._excluded = cache, excluded
+
+    def __contains__(self, node: object) -> bool:
+        return node in self._excluded or not self._cache.hostname(str(node))
 
 
 class _Nowhere:
