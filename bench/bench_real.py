@@ -47,7 +47,7 @@ Writes bench/results/real_scheduler.json (real_scheduler_<N>.json for ``--nodes 
 a section of its own). Needs root and the upstream binaries (built as for
 ``make cluster-up`` when missing); no other local cluster may be up. Run:
     .venv/bin/python bench/bench_real.py [--nodes 100] [--backlog 1000] [--stream 200]
-        [--interval 0.1] [--gang 64] [--gang-repeats 5] [--skip packing,...]
+        [--interval 0.1] [--gang 64] [--gang-repeats 5] [--skip packing,...] [--result NAME]
 """
 
 from __future__ import annotations
@@ -801,6 +801,7 @@ def main(argv: list[str]) -> int:
         default="",
         help="comma list of cases left out: backlog,stream,packing,gang,guard,raised,profile",
     )
+    parser.add_argument("--result", help="the result's own name (real_scheduler_NAME): a run of some cases")
     args = parser.parse_args(argv)
     skipped = set(filter(None, args.skip.split(",")))
     # Where the real components cannot run, `make bench` goes on without this section (the stored
@@ -913,6 +914,8 @@ def main(argv: list[str]) -> int:
     area = "real_scheduler"
     if args.nodes != 100:  # another size is a section of its own, beside the 100-node one
         area, title = f"real_scheduler_{args.nodes}", f"{title}, {args.nodes:,} nodes"
+    if args.result:  # a run of some cases only, beside the full one
+        area, title = f"real_scheduler_{args.result}", f"{title}: {args.result}"
     write_result(area, rows + profile_rows, title=title, notes=notes)
     print(notes)
     return 0
