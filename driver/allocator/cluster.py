@@ -69,11 +69,7 @@ class ClusterState(ClusterData):
         found = self._shape(claims, cpu_millis)
         if found is None:
             return None
-        if self._cpu_source is not None and cpu_free == self._cpu_source:
-            return self._fragmentation.rank_grouped(found[0], found[1], exclude_nodes, cpu_free, limit)
-        nodes = [n for n in self.node_names() if n not in exclude_nodes]
-        ranked = self._fragmentation.rank(found[0], found[1], nodes, cpu_free)
-        return ranked if ranked is None or limit is None else ranked[:limit]
+        return self._rank(found[0], found[1], cpu_free, exclude_nodes, limit)
 
     def ranks(self, claims: Sequence[Mapping[str, Any]], *, cpu_millis: int) -> bool:
         """Whether ``rank_nodes`` ranks one pod's ``claims`` (a shape the model scores, and a
@@ -115,11 +111,21 @@ class ClusterState(ClusterData):
         """Nodes for a pod that asks for no devices, the least device memory its CPU strands for
         the typical workload first (``fragmentation``), the first ``limit`` (None: all); None until
         a workload is learned."""
-        shape = Shape(cpu_millis, 0, WHOLE, ())
+        return self._rank(Shape(cpu_millis, 0, WHOLE, ()), None, cpu_free, exclude_nodes, limit)
+
+    def _rank(
+        self,
+        shape: Shape,
+        request: Request | None,
+        cpu_free: Callable[[str], int],
+        exclude_nodes: Container[str],
+        limit: int | None,
+    ) -> list[str] | None:
+        """From the node groups where ``cpu_free`` is the tracked source, else from every node."""
         if self._cpu_source is not None and cpu_free == self._cpu_source:
-            return self._fragmentation.rank_grouped(shape, None, exclude_nodes, cpu_free, limit)
+            return self._fragmentation.rank_grouped(shape, request, exclude_nodes, cpu_free, limit)
         nodes = [n for n in self.node_names() if n not in exclude_nodes]
-        ranked = self._fragmentation.rank(shape, None, nodes, cpu_free)
+        ranked = self._fragmentation.rank(shape, request, nodes, cpu_free)
         return ranked if ranked is None or limit is None else ranked[:limit]
 
     def allocate(
