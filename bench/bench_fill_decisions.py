@@ -100,6 +100,11 @@ def measure(nodes: int) -> dict[str, Any]:
         digest.update(repr(taken).encode())
         raw["status"] = {"allocation": result[0]}
         state.upsert_claim(raw)
+    return {**_timings(nodes, times, failed), "searches": searches, "digest": digest.hexdigest()[:12]}
+
+
+def _timings(nodes: int, times: dict[str, list[float]], failed: int) -> dict[str, Any]:
+    """A row's size, failures and decision times: per pod, and the mean per shape."""
     every = [t for values in times.values() for t in values]
     row: dict[str, Any] = {
         "nodes": nodes, "gpus": 8 * nodes, "pods": len(every), "failed": failed,
@@ -110,8 +115,6 @@ def measure(nodes: int) -> dict[str, Any]:
     }  # fmt: skip
     for name, values in times.items():
         row[f"ms_{name}"] = round(statistics.mean(values) * 1000, 3)
-    row["searches"] = searches
-    row["digest"] = digest.hexdigest()[:12]
     return row
 
 
@@ -186,18 +189,11 @@ def measure_controller(nodes: int, policy: str) -> dict[str, Any]:
         bound["spec"]["nodeName"] = node
         cache.apply(Kind.POD, "MODIFIED", bound)
         cache.forget_placement(str(object_key(pod)))
-    every = [t for values in times.values() for t in values]
-    row: dict[str, Any] = {
-        "path": f"controller, {policy}", "nodes": nodes, "gpus": 8 * nodes, "pods": len(every),
-        "failed": failed, "decide_s": round(sum(every), 2),
-        "ms_per_pod": round(statistics.mean(every) * 1000, 3),
-        "ms_p50": round(statistics.median(every) * 1000, 3),
-        "ms_p99": round(_percentile(every, 0.99) * 1000, 3),
-    }  # fmt: skip
-    for shape_name, values in times.items():
-        row[f"ms_{shape_name}"] = round(statistics.mean(values) * 1000, 3)
-    row["digest"] = digest.hexdigest()[:12]
-    return row
+    return {
+        "path": f"controller, {policy}",
+        **_timings(nodes, times, failed),
+        "digest": digest.hexdigest()[:12],
+    }
 
 
 def _commit_of(tree: Path) -> str:

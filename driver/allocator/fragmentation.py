@@ -395,6 +395,17 @@ class Fragmentation:
                 best = delta
         return best
 
+    def _new_score(
+        self, key: tuple[int, int, int, int], node_state: _State, shape: Shape, selector: int
+    ) -> int | None:
+        """The score of ``key`` (a node state, the pod's shape, the CPU classes), computed and kept."""
+        delta = self._delta(node_state, shape, selector)
+        found = None if delta is None else _score(delta, node_state)
+        if len(self._scores) > 500_000:
+            self._scores.clear()
+        self._scores[key] = found
+        return found
+
     def _prepare(self, shape: Shape, request: Request | None) -> int | None:
         """The index of the pod's selector in ``_selectors`` (added if new), with the learned
         workload and the node states current; None when nothing is learned yet."""
@@ -517,11 +528,7 @@ class Fragmentation:
                     rest.append(node)
                     continue
                 computed += 1
-                delta = self._delta(node_state, shape, selector)
-                found = None if delta is None else _score(delta, node_state)
-                if len(scores) > 500_000:
-                    scores.clear()
-                scores[key] = found
+                found = self._new_score(key, node_state, shape, selector)
             if isinstance(found, int):
                 scored.append((found, untouched[key[0]], tie(node), node))
         scored.sort()
@@ -583,12 +590,7 @@ class Fragmentation:
                     rest.append((free, cpu, members))
                     continue
                 computed += 1
-                node_state = (cpu, devices_of[number])
-                delta = self._delta(node_state, shape, selector)
-                found = None if delta is None else _score(delta, node_state)
-                if len(scores) > 500_000:
-                    scores.clear()
-                scores[key] = found
+                found = self._new_score(key, (cpu, devices_of[number]), shape, selector)
             if isinstance(found, int):
                 scored.append((found, untouched[number], members))
         scored.sort(key=lambda entry: entry[:2])
