@@ -63,12 +63,20 @@ def _ungated(names: list[str], namespace: str) -> int:
     )
 
 
-def _two_replicas_and_a_leader() -> tuple[str, str]:
-    # A module before may have left a rolling update of the controller going: helm's wait returned
-    # with one old replica still running, and that replica, taken for the standby, was then stopped
-    # by the rollout while the case waited for it to lead (seen in make e2e after the Kueue cases).
+def controller_rolled_out() -> None:
+    """Wait until no rolling update of the controller is under way. A module before may have left
+    one going: helm's wait returned with one old replica still running. The Lease then moves to a
+    new replica while the next module runs, and the new leader's allocation guard answers 503
+    ("starting") until its view is synced: seen in make e2e after the Kueue cases (an old replica
+    taken for the standby here) and in test_policies_real (claim writes refused mid-module)."""
+    if not list_items("deployments", "-n", RELEASE_NAMESPACE, "-l", "app.kubernetes.io/component=controller"):
+        return
     kubectl("rollout", "status", "deployment", "-n", RELEASE_NAMESPACE, "-l",
             "app.kubernetes.io/component=controller", "--timeout=300s", timeout=320)  # fmt: skip
+
+
+def _two_replicas_and_a_leader() -> tuple[str, str]:
+    controller_rolled_out()
     pods = wait_for(lambda: _controller_pods() if len(_controller_pods()) == 2 else None, timeout=300,
                     what="two running controller replicas")  # fmt: skip
     leader = wait_for(lambda: _holder() if _holder() in pods else None, timeout=120, what="a leader")

@@ -41,6 +41,7 @@ sys.path.insert(0, str(REPO_ROOT / "tests" / "chart"))
 import helm_python as helm
 import test_policies as cases
 from kubernetes import client, config
+from test_leader_failover import controller_rolled_out
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
@@ -230,6 +231,7 @@ def _cluster(connect: Callable[..., Http]) -> Iterator[Cluster]:
             pytest.fail(problem)
         pytest.skip(problem)
     assert ready.status == 200, ready
+    controller_rolled_out()  # the Lease stays put while the cases write through the guard
     made: list[str] = []
     try:
         for name in (NAMESPACE, WORKLOADS):
