@@ -51,7 +51,7 @@ from typing import Any
 
 from driver.allocator.celenv import SelectorError, evaluate_selector
 from driver.allocator.model import Claim, Device, Request
-from driver.allocator.rank_index import NodeGroups, tie
+from driver.allocator.rank_index import NodeGroups
 from driver.allocator.state import ClusterData
 
 __all__ = ["FRESH_SCORES", "KEPT_POD_SELECTORS", "WHOLE", "Fragmentation", "Shape", "Workload", "shape_of"]
@@ -395,17 +395,6 @@ class Fragmentation:
                 best = delta
         return best
 
-    def _new_score(
-        self, key: tuple[int, int, int, int], node_state: _State, shape: Shape, selector: int
-    ) -> int | None:
-        """The score of ``key`` (a node state, the pod's shape, the CPU classes), computed and kept."""
-        delta = self._delta(node_state, shape, selector)
-        found = None if delta is None else _score(delta, node_state)
-        if len(self._scores) > 500_000:
-            self._scores.clear()
-        self._scores[key] = found
-        return found
-
     def _prepare(self, shape: Shape, request: Request | None) -> int | None:
         """The index of the pod's selector in ``_selectors`` (added if new), with the learned
         workload and the node states current; None when nothing is learned yet."""
@@ -487,55 +476,17 @@ class Fragmentation:
         then the rest in best-fit order; empty when none can. None when the workload is not learned
         yet, or when none can in the model but devices it leaves out may take the pod (``_outside``):
         the caller keeps its own order. ``request``: the pod's device request (None for a pod
-        without devices, ``shape.devices`` 0)."""
+        without devices, ``shape.devices`` 0). The nodes are grouped for this call alone
+        (``rank_grouped`` keeps its groups)."""
         selector = self._prepare(shape, request)
         if selector is None:
             return None
-        scores = self._scores
-        shape_number = self._shape_numbers.setdefault(shape, len(self._shape_numbers))
-        thresholds = self._thresholds
-        scored: list[tuple[int, bool, int, str]] = []
-        fresh: list[tuple[int, int, str, _State, tuple[int, int, int, int]]] = []
-        pod_cpu, classify = shape.cpu_millis, bisect.bisect_right
-        free_memory, untouched = self._free_memory, self._untouched
-        held_states, version_of, known = self._nodes.get, self.state.node_versions.get, len(self._selectors)
+        groups = NodeGroups()
         for node in nodes:
             cpu = cpu_free(node)
-            if cpu < pod_cpu:
-                continue
-            held = held_states(node)
-            if held is not None and held[1] == cpu and held[0] == version_of(node, 0) and held[4] == known:
-                number, node_state = held[3], held[2]  # ``_node_state``'s test, inlined
-            else:
-                number, node_state = self._node_state(node, cpu)
-            key = (number, shape_number, classify(thresholds, cpu), classify(thresholds, cpu - pod_cpu))
-            found = scores.get(key, _UNSCORED)
-            if found is _UNSCORED:
-                if not self._fit(number, node_state, shape, shape_number, selector):
-                    scores[key] = None
-                    continue
-                # best fit for the order of the fresh: the least free device memory, then least CPU
-                fresh.append((free_memory[number], cpu, node, node_state, key))
-            elif isinstance(found, int):
-                scored.append((found, untouched[number], tie(node), node))
-        fresh.sort()
-        rest: list[str] = []
-        computed = 0
-        for _, _, node, node_state, key in fresh:
-            found = scores.get(key, _UNSCORED)  # a node before it in this pass may share its key
-            if found is _UNSCORED:
-                if computed >= FRESH_SCORES:
-                    rest.append(node)
-                    continue
-                computed += 1
-                found = self._new_score(key, node_state, shape, selector)
-            if isinstance(found, int):
-                scored.append((found, untouched[key[0]], tie(node), node))
-        scored.sort()
-        ranked = [node for _, _, _, node in scored] + rest
-        if not ranked and request is not None and self._outside(shape.selector, request):
-            return None  # devices the model does not see may take it: not "fits nowhere"
-        return ranked
+            if cpu >= shape.cpu_millis:
+                groups.place(node, (self._node_state(node, cpu)[0], cpu))
+        return self._ranked(groups, shape, request, selector, (), None)
 
     # ------------------------------------------------------------ the same ranking, from groups
 
@@ -552,12 +503,27 @@ class Fragmentation:
         limit: int | None = None,
     ) -> list[str] | None:
         """``rank`` of every node of the state but ``exclude``: the same nodes in the same order,
-        its first ``limit`` only (None: all). Each group of nodes alike is scored once, and only the
+        its first ``limit`` only (None: all), from groups kept as the nodes change, so that only the
         nodes returned are visited. ``cpu_free`` must report each of its changes (``cpu_changed``)."""
         selector = self._prepare(shape, request)
         if selector is None:
             return None
         self._sync_groups(cpu_free)
+        return self._ranked(self._groups, shape, request, selector, exclude, limit)
+
+    def _ranked(
+        self,
+        groups: NodeGroups,
+        shape: Shape,
+        request: Request | None,
+        selector: int,
+        exclude: Container[str],
+        limit: int | None,
+    ) -> list[str] | None:
+        """``rank``'s order over ``groups`` but ``exclude``, its first ``limit``: each group of nodes
+        alike (devices and free CPU) scored once. Keys not scored yet are met in best-fit order (the
+        least free device memory, then CPU, then name); past ``FRESH_SCORES`` of them, their nodes
+        follow every scored one, in that order."""
         scores = self._scores
         shape_number = self._shape_numbers.setdefault(shape, len(self._shape_numbers))
         thresholds = self._thresholds
@@ -565,7 +531,7 @@ class Fragmentation:
         free_memory, untouched, devices_of = self._free_memory, self._untouched, self._devices_of
         scored: list[tuple[int, bool, list[tuple[int, str]]]] = []
         fresh: list[tuple[int, int, str, int, tuple[int, int, int, int], list[tuple[int, str]]]] = []
-        for (number, cpu), members in self._groups.groups.items():
+        for (number, cpu), members in groups.groups.items():
             if cpu < pod_cpu:
                 continue
             key = (number, shape_number, classify(thresholds, cpu), classify(thresholds, cpu - pod_cpu))
@@ -574,7 +540,6 @@ class Fragmentation:
                 if not self._fit(number, (cpu, devices_of[number]), shape, shape_number, selector):
                     scores[key] = None
                     continue
-                # ``rank`` meets the nodes of keys not scored in best-fit order, then by name
                 first = min((node for _, node in members if node not in exclude), default=None)
                 if first is not None:
                     fresh.append((free_memory[number], cpu, first, number, key, members))
@@ -590,7 +555,12 @@ class Fragmentation:
                     rest.append((free, cpu, members))
                     continue
                 computed += 1
-                found = self._new_score(key, (cpu, devices_of[number]), shape, selector)
+                node_state = (cpu, devices_of[number])
+                delta = self._delta(node_state, shape, selector)
+                found = None if delta is None else _score(delta, node_state)
+                if len(scores) > 500_000:
+                    scores.clear()
+                scores[key] = found
             if isinstance(found, int):
                 scored.append((found, untouched[number], members))
         scored.sort(key=lambda entry: entry[:2])
