@@ -140,7 +140,8 @@ def test_the_fragmentation_policy_learns_from_its_decisions_and_follows_its_rank
     policy = "fragmentation"
     for index in range(20):
         pod = gated_pod(f"usual-{index}", [f"usual-{index}"], cpu="1")
-        decision = _decide_with(cache, gpu_claim(f"usual-{index}", memory="30Gi", compute=None), pod, policy)
+        claim = gpu_claim(f"usual-{index}", memory="30Gi", compute=None)
+        decision = _decide(cache, claim, pod, policy=policy)
         assert decision.outcome == "allocated", decision.reason
     assert cache.state.workload.observed == 20 and cache.state.workload.typical()
     claim = gpu_claim("small", memory="8Gi", compute=None)
@@ -148,16 +149,8 @@ def test_the_fragmentation_policy_learns_from_its_decisions_and_follows_its_rank
         [claim], cpu_millis=1000, cpu_free=cache.cpu_free, exclude_nodes=frozenset()
     )
     assert ranked, "a learned workload ranks the nodes"
-    decision = _decide_with(cache, claim, gated_pod("small", ["small"], cpu="1"), policy)
+    decision = _decide(cache, claim, gated_pod("small", ["small"], cpu="1"), policy=policy)
     assert [node for _, node in decision.pod_nodes] == ranked[:1]
-
-
-def _decide_with(cache: ClusterCache, claim: dict[str, Any], pod: dict[str, Any], policy: str) -> Decision:
-    cache.apply(Kind.CLAIM, "ADDED", _stamp(copy.deepcopy(claim)))
-    cache.apply(Kind.POD, "ADDED", _stamp(copy.deepcopy(pod)))
-    [decision] = decide_all(cache, [plan_gang(cache, cache.gang_key(pod))], policy=policy)
-    assert isinstance(decision, Decision)
-    return decision
 
 
 def test_a_pod_without_devices_goes_where_the_gpus_are_taken_already_best_fit() -> None:
@@ -231,7 +224,7 @@ def test_the_fragmentation_policy_counts_each_arriving_pod_once_placed_or_not() 
     too_big = gated_pod("three-gpus", ["three-gpus"], cpu="1")
     claim = gpu_claim("three-gpus", memory=None, compute=None, count=3)
     for _ in range(2):  # decided again while it waits: counted once
-        decision = _decide_with(cache, claim, too_big, "fragmentation")
+        decision = _decide(cache, claim, too_big, policy="fragmentation")
         assert decision.outcome == "unschedulable"
     assert cache.state.workload.observed == 1
     for node in ("gpus", "cpus"):  # kube-scheduler's pods: counted beside devices only
@@ -299,7 +292,7 @@ def test_a_pod_the_fragmentation_ranking_fits_nowhere_is_refused_as_best_fit_ref
         cache = _cluster([("small", "l4-2x", "4"), ("big", "l4-2x", "64")])
         for index in range(16):
             cache.state.learn([gpu_claim(f"usual-{index}", memory=None, compute=None)], cpu_millis=1000)
-        return _decide_with(cache, claim, pod, policy)
+        return _decide(cache, claim, pod, policy=policy)
 
     three = gpu_claim("three", memory=None, compute=None, count=3)
     cpu_heavy = gpu_claim("cpu-heavy", memory=None, compute=None, count=2)
